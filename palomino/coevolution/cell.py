@@ -1,0 +1,398 @@
+"""One cell of the grid and its iteration: fitness → selection → training → replacement → mixture.
+
+Pure: a function of (cell state, neighbour snapshots, data, rng) → new cell state.
+No sockets, files or clocks here; runners measure time and move snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from palomino.coevolution.fitness import aggregate, loss_table
+from palomino.coevolution.individual import Individual, Population, Role, make_adam
+from palomino.coevolution.mixture import MixtureScore, evolve_weights
+from palomino.coevolution.mutation import mutate_learning_rates
+from palomino.coevolution.selection import replace_worst, tournament_select
+from palomino.config import ExperimentConfig
+from palomino.data import Dataset
+from palomino.grid import Coord, Topology
+from palomino.nn import build_discriminator, build_generator, get_loss
+from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
+
+
+def cell_seed(seed: int, coord: Coord) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, coord[0], coord[1]])
+
+
+@dataclass
+class IterationReport:
+    """What one iteration of one cell did: one line of metrics.jsonl (without timings)."""
+
+    iteration: int
+    cell: Coord
+    epoch: int
+    generator: dict[str, float]
+    discriminator: dict[str, float]
+    losses_used: dict[str, int]
+    score: float
+    mixture: dict[str, float]
+    neighbours: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "cell": list(self.cell),
+            "epoch": self.epoch,
+            "generator": self.generator,
+            "discriminator": self.discriminator,
+            "losses_used": self.losses_used,
+            "score": self.score,
+            "mixture": self.mixture,
+            "neighbours": self.neighbours,
+        }
+
+
+class Cell:
+    def __init__(
+        self,
+        coord: Coord,
+        topology: Topology,
+        config: ExperimentConfig,
+        dataset: Dataset,
+        *,
+        experiment: str,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.coord = Coord(*coord)
+        self.topology = topology
+        self.config = config
+        self.experiment = experiment
+        self.device = torch.device(device)
+        self.data = dataset.samples.to(self.device)
+        self.sample_shape = dataset.sample_shape
+        self.kind = dataset.kind
+        training = config.training
+        self.fitness_loss = get_loss(training.losses[0])
+        self.iteration = 0  # iterations completed
+
+        seeds = cell_seed(config.seed, self.coord).spawn(2)
+        self.rng = np.random.Generator(np.random.PCG64(seeds[0]))
+        self.torch_rng = torch.Generator(device=self.device)
+        self.torch_rng.manual_seed(int(seeds[1].generate_state(1)[0]))
+        self.generators = Population([self._new_individual("generator") for _ in range(training.population_size)])
+        self.discriminators = Population(
+            [self._new_individual("discriminator") for _ in range(training.population_size)]
+        )
+        # Reused modules that hold neighbours' snapshot weights (no allocation per iteration).
+        self._slots: dict[tuple[Coord, Role], nn.Module] = {}
+        self.mixture_weights: dict[str, float] = {str(self.coord): 1.0}
+        self.score = float("nan")
+        self._order = torch.randperm(len(self.data), generator=self._cpu_rng(), device="cpu")
+        self._cursor = 0
+
+    # ---- construction -------------------------------------------------------------------
+
+    def _cpu_rng(self) -> torch.Generator:
+        # Data order is drawn on the CPU so a run's batches do not depend on the device.
+        return torch.Generator().manual_seed(int(self.rng.integers(2**62)))
+
+    def _build(self, role: Role) -> nn.Module:
+        build = build_generator if role == "generator" else build_discriminator
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(self.rng.integers(2**62)))
+            return build(self.config.network, self.sample_shape, self.kind).to(self.device)
+
+    def _new_individual(self, role: Role) -> Individual:
+        network = self._build(role)
+        lr = self.config.training.learning_rate
+        optimizer = make_adam(network, lr, self.config.training.adam_betas)
+        return Individual(role, network, optimizer, lr, origin=str(self.coord))
+
+    # ---- data -----------------------------------------------------------------------------
+
+    def _batches_per_iteration(self) -> int:
+        training = self.config.training
+        return training.batches_per_iteration or max(1, len(self.data) // training.batch_size)
+
+    def _next_batch(self) -> torch.Tensor:
+        size = min(self.config.training.batch_size, len(self.data))
+        if self._cursor + size > len(self._order):
+            self._order = torch.randperm(len(self.data), generator=self._cpu_rng())
+            self._cursor = 0
+        index = self._order[self._cursor : self._cursor + size].to(self.device)
+        self._cursor += size
+        return self.data[index]
+
+    def _random_real(self, n: int) -> torch.Tensor:
+        index = torch.from_numpy(self.rng.integers(0, len(self.data), size=n)).to(self.device)
+        return self.data[index]
+
+    def _noise(self, n: int) -> torch.Tensor:
+        latent = self.config.network.latent_dim
+        return torch.randn(n, latent, generator=self.torch_rng, device=self.device)
+
+    # ---- neighbours -----------------------------------------------------------------------
+
+    def _from_snapshot(self, snapshot: Snapshot, role: Role) -> Individual:
+        coord = Coord(*snapshot.header.cell)
+        meta: IndividualMeta = getattr(snapshot.header, role)
+        key = (coord, role)
+        if key not in self._slots:
+            self._slots[key] = self._build(role)
+        network = self._slots[key]
+        individual = Individual(
+            role,
+            network,
+            make_adam(network, meta.learning_rate, self.config.training.adam_betas),
+            meta.learning_rate,
+            meta.fitness,
+            meta.loss,
+            origin=str(coord),
+        )
+        individual.load_tensors({k: v.to(self.device) for k, v in snapshot.tensors.items()}, role)
+        return individual
+
+    # ---- the iteration -------------------------------------------------------------------
+
+    def iterate(self, neighbours: Mapping[Coord, Snapshot]) -> IterationReport:
+        """Run one iteration against the given neighbour snapshots (one per neighbour at most)."""
+        training = self.config.training
+        others = [Coord(*c) for c in self.topology.neighbours(self.coord) if Coord(*c) in neighbours]
+        foreign_g = [self._from_snapshot(neighbours[c], "generator") for c in others]
+        foreign_d = [self._from_snapshot(neighbours[c], "discriminator") for c in others]
+        all_g = [*self.generators, *foreign_g]
+        all_d = [*self.discriminators, *foreign_d]
+
+        # Fitness: all-vs-all on one shared draw of noise and real data.
+        z_fit = self._noise(training.fitness.sample_size)
+        real_fit = self._random_real(training.fitness.sample_size)
+        fakes = self._generate(all_g, z_fit)
+        g_table, d_table = loss_table(fakes, [d.network for d in all_d], real_fit, self.fitness_loss)
+        mode = training.fitness.mode
+        for ind, value in zip(all_g, aggregate(g_table, mode, dim=1).tolist()):
+            ind.fitness = value
+        for ind, value in zip(all_d, aggregate(d_table, mode, dim=0).tolist()):
+            ind.fitness = value
+
+        # Selection over the whole neighbourhood builds the new local populations.
+        size, count = training.tournament_size, training.population_size
+        new_g = [
+            ind.clone()
+            for ind in tournament_select(all_g, [i.fitness for i in all_g], count, size, self.rng)
+        ]
+        new_d = [
+            ind.clone()
+            for ind in tournament_select(all_d, [i.fitness for i in all_d], count, size, self.rng)
+        ]
+
+        losses_used, g_losses, d_losses = self._train(new_g, new_d, foreign_g, foreign_d)
+
+        # Re-evaluate the trained individuals against the neighbourhood, then replace the worst.
+        new_fakes = self._generate(new_g, z_fit)
+        g_new_table, _ = loss_table(new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss)
+        _, d_new_table = loss_table(fakes, [d.network for d in new_d], real_fit, self.fitness_loss)
+        for ind, value in zip(new_g, aggregate(g_new_table, mode, dim=1).tolist()):
+            ind.fitness, ind.origin = value, str(self.coord)
+        for ind, value in zip(new_d, aggregate(d_new_table, mode, dim=0).tolist()):
+            ind.fitness, ind.origin = value, str(self.coord)
+        n = training.replacements
+        self.generators = Population(
+            replace_worst(
+                list(self.generators), [i.fitness for i in self.generators], new_g, [i.fitness for i in new_g], n
+            )
+        )
+        self.discriminators = Population(
+            replace_worst(
+                list(self.discriminators),
+                [i.fitness for i in self.discriminators],
+                new_d,
+                [i.fitness for i in new_d],
+                n,
+            )
+        )
+
+        self._evolve_mixture([self.generators.best, *foreign_g], [self.coord, *others])
+
+        report = IterationReport(
+            iteration=self.iteration,
+            cell=self.coord,
+            epoch=self.topology.epoch,
+            generator=self._summary(self.generators.best, g_losses),
+            discriminator=self._summary(self.discriminators.best, d_losses),
+            losses_used=dict(sorted(losses_used.items())),
+            score=self.score,
+            mixture=dict(self.mixture_weights),
+            neighbours={str(c): neighbours[c].iteration for c in others},
+        )
+        self.iteration += 1
+        return report
+
+    @staticmethod
+    def _summary(best: Individual, losses: list[float]) -> dict[str, float]:
+        return {
+            "loss": float(np.mean(losses)) if losses else float("nan"),
+            "fitness": best.fitness,
+            "learning_rate": best.learning_rate,
+        }
+
+    @torch.no_grad()
+    def _generate(self, generators: list[Individual], z: torch.Tensor) -> list[torch.Tensor]:
+        return [g.network(z) for g in generators]
+
+    def _train(
+        self,
+        new_g: list[Individual],
+        new_d: list[Individual],
+        foreign_g: list[Individual],
+        foreign_d: list[Individual],
+    ) -> tuple[Counter[str], list[float], list[float]]:
+        """Each batch: every new generator steps against a random neighbourhood discriminator,
+        then every new discriminator against a random neighbourhood generator (Lipizzaner's order)."""
+        training = self.config.training
+        opponents_d = [*new_d, *foreign_d]
+        opponents_g = [*new_g, *foreign_g]
+        losses_used: Counter[str] = Counter()
+        g_losses: list[float] = []
+        d_losses: list[float] = []
+        skip = training.discriminator_skip_each_nth_step
+        for step in range(self._batches_per_iteration()):
+            real = self._next_batch()
+            loss_name = training.losses[int(self.rng.integers(len(training.losses)))]
+            loss = get_loss(loss_name)
+            losses_used[loss_name] += 1
+            # WGAN-GP: the critic takes n_critic steps per generator step.
+            if loss_name != "wgan_gp" or step % training.n_critic == 0:
+                for ind in new_g:
+                    self._mutate(ind)
+                    opponent = opponents_d[int(self.rng.integers(len(opponents_d)))].network
+                    fake = ind.network(self._noise(real.shape[0]))
+                    value = loss.generator(opponent(fake))
+                    ind.optimizer.zero_grad(set_to_none=True)
+                    value.backward(inputs=list(ind.network.parameters()))
+                    ind.optimizer.step()
+                    ind.loss = loss_name
+                    g_losses.append(value.item())
+            if skip == 0 or step % (skip + 1) == 0:
+                for ind in new_d:
+                    self._mutate(ind)
+                    opponent = opponents_g[int(self.rng.integers(len(opponents_g)))].network
+                    with torch.no_grad():
+                        fake = opponent(self._noise(real.shape[0]))
+                    value = loss.discriminator(ind.network, real, fake, generator=self.torch_rng)
+                    ind.optimizer.zero_grad(set_to_none=True)
+                    value.backward(inputs=list(ind.network.parameters()))
+                    ind.optimizer.step()
+                    ind.loss = loss_name
+                    d_losses.append(value.item())
+        return losses_used, g_losses, d_losses
+
+    def _mutate(self, ind: Individual) -> None:
+        mutation = self.config.training.mutation
+        (rate,) = mutate_learning_rates(
+            [ind.learning_rate], self.config.training.learning_rate, mutation.probability, mutation.alpha, self.rng
+        )
+        ind.set_learning_rate(rate)
+
+    def _evolve_mixture(self, generators: list[Individual], coords: list[Coord]) -> None:
+        mixture = self.config.training.mixture
+        keys = [str(c) for c in coords]
+        # Weights persist per coordinate; a newcomer (first iteration, resize) gets an equal share.
+        weights = np.array([self.mixture_weights.get(k, 1.0 / len(keys)) for k in keys], dtype=np.float64)
+        weights = weights / weights.sum() if weights.sum() > 0 else np.full(len(keys), 1.0 / len(keys))
+        score = self.mixture_score(generators, mixture.score_samples)
+        weights, self.score = evolve_weights(weights, score, mixture.sigma, mixture.es_steps, self.rng)
+        self.mixture_weights = dict(zip(keys, weights.tolist()))
+
+    def mixture_score(self, generators: list[Individual], samples: int) -> MixtureScore:
+        per_component = max(2, -(-samples // len(generators)))
+        fakes = self._generate(generators, self._noise(per_component))
+        return MixtureScore.from_samples(fakes, self._random_real(samples))
+
+    @torch.no_grad()
+    def samples(self, n: int) -> torch.Tensor:
+        """n samples of the centre generator (generator space), for pictures of progress."""
+        network = self.generators.best.network
+        network.eval()
+        try:
+            return network(self._noise(n)).cpu()
+        finally:
+            network.train()
+
+    # ---- snapshots and checkpoints ---------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The centre individuals as neighbours see them: iteration = last completed (−1 before any)."""
+        g, d = self.generators.best, self.discriminators.best
+        header = SnapshotHeader(
+            experiment=self.experiment,
+            cell=tuple(self.coord),
+            epoch=self.topology.epoch,
+            iteration=self.iteration - 1,
+            generator=IndividualMeta(learning_rate=g.learning_rate, fitness=_finite(g.fitness), loss=g.loss),
+            discriminator=IndividualMeta(learning_rate=d.learning_rate, fitness=_finite(d.fitness), loss=d.loss),
+            mixture=dict(self.mixture_weights),
+            score=None if np.isnan(self.score) else self.score,
+        )
+        return Snapshot(header, {**g.tensors("generator"), **d.tensors("discriminator")})
+
+    def neighbourhood_mixture(self, neighbours: Mapping[Coord, Snapshot]) -> list[tuple[str, float, Individual]]:
+        """The cell's mixture components as it sees them now: (coord, weight, generator)."""
+        parts = [(str(self.coord), self.generators.best)]
+        for coord in self.topology.neighbours(self.coord):
+            if coord in neighbours and str(coord) in self.mixture_weights:
+                parts.append((str(coord), self._from_snapshot(neighbours[coord], "generator")))
+        return [(key, self.mixture_weights.get(key, 0.0), ind) for key, ind in parts]
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Everything needed to resume this cell: tensors for safetensors, metadata for JSON."""
+        tensors: dict[str, torch.Tensor] = {"data.order": self._order.clone()}
+        tensors["rng.torch"] = self.torch_rng.get_state()
+        meta: dict[str, Any] = {
+            "cell": list(self.coord),
+            "iteration": self.iteration,
+            "epoch": self.topology.epoch,
+            "cursor": self._cursor,
+            "rng": self.rng.bit_generator.state,
+            "mixture": self.mixture_weights,
+            "score": None if np.isnan(self.score) else self.score,
+            "individuals": {},
+        }
+        for role, population in (("generator", self.generators), ("discriminator", self.discriminators)):
+            for index, ind in enumerate(population):
+                prefix = f"{role}.{index}"
+                tensors.update(ind.tensors(prefix))
+                meta["individuals"][prefix] = {
+                    "learning_rate": ind.learning_rate,
+                    "fitness": _finite(ind.fitness),
+                    "loss": ind.loss,
+                    "origin": ind.origin,
+                }
+        return tensors, meta
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """Inverse of `state`; raises ValueError if the checkpoint does not fit this cell."""
+        for role, population in (("generator", self.generators), ("discriminator", self.discriminators)):
+            for index, ind in enumerate(population):
+                prefix = f"{role}.{index}"
+                info = meta["individuals"][prefix]
+                ind.learning_rate = info["learning_rate"]
+                ind.load_tensors({k: v.to(self.device) for k, v in tensors.items()}, prefix)
+                ind.fitness, ind.loss, ind.origin = info["fitness"], info["loss"], info["origin"]
+        self.iteration = int(meta["iteration"])
+        self._cursor = int(meta["cursor"])
+        self._order = tensors["data.order"].clone()
+        self.torch_rng.set_state(tensors["rng.torch"])
+        self.rng.bit_generator.state = meta["rng"]
+        self.mixture_weights = {str(k): float(v) for k, v in meta["mixture"].items()}
+        self.score = float("nan") if meta["score"] is None else float(meta["score"])
+
+
+def _finite(value: float) -> float:
+    # JSON has no infinity; an unevaluated individual's fitness is written as a large number.
+    return value if np.isfinite(value) else 1e30

@@ -1,0 +1,89 @@
+"""An individual: a network with its own Adam state and learning rate, and its fitness."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+Role = Literal["generator", "discriminator"]
+
+
+def make_adam(network: nn.Module, learning_rate: float, betas: tuple[float, float]) -> torch.optim.Adam:
+    return torch.optim.Adam(network.parameters(), lr=learning_rate, betas=betas)
+
+
+@dataclass
+class Individual:
+    role: Role
+    network: nn.Module
+    optimizer: torch.optim.Adam
+    learning_rate: float
+    fitness: float = float("inf")  # a loss: lower is better
+    loss: str = ""  # the loss of its last training step (Mustangs)
+    origin: str = ""  # "r-c" of the cell that trained it last
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self.learning_rate = learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+
+    def clone(self) -> Individual:
+        """An independent copy, Adam moments included (selection copies, never aliases)."""
+        network = copy.deepcopy(self.network)
+        optimizer = make_adam(network, self.learning_rate, self.optimizer.param_groups[0]["betas"])
+        optimizer.load_state_dict(self.optimizer.state_dict())  # load_state_dict deep-copies
+        return Individual(self.role, network, optimizer, self.learning_rate, self.fitness, self.loss, self.origin)
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Weights and Adam moments as a flat, safetensors-ready dict (copies, not views)."""
+        out = {f"{prefix}.net.{k}": v.detach().clone() for k, v in self.network.state_dict().items()}
+        for index, state in self.optimizer.state_dict()["state"].items():
+            for name, value in state.items():
+                out[f"{prefix}.opt.{index}.{name}"] = torch.as_tensor(value).detach().clone()
+        return out
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+        """Inverse of `tensors`; raises ValueError naming the first mismatching tensor."""
+        net_prefix, opt_prefix = f"{prefix}.net.", f"{prefix}.opt."
+        weights = {k[len(net_prefix) :]: v for k, v in tensors.items() if k.startswith(net_prefix)}
+        expected = self.network.state_dict()
+        if weights.keys() != expected.keys():
+            missing = sorted(expected.keys() - weights.keys()) or sorted(weights.keys() - expected.keys())
+            raise ValueError(f"{prefix}: tensors do not match the architecture (first mismatch: {missing[0]})")
+        for name, value in weights.items():
+            if value.shape != expected[name].shape:
+                raise ValueError(f"{prefix}.{name}: shape {tuple(value.shape)}, expected {tuple(expected[name].shape)}")
+        self.network.load_state_dict(weights)
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith(opt_prefix):
+                index, _, name = key[len(opt_prefix) :].partition(".")
+                state.setdefault(int(index), {})[name] = value
+        saved = self.optimizer.state_dict()
+        saved["state"] = state
+        self.optimizer.load_state_dict(saved)
+        self.set_learning_rate(self.learning_rate)
+
+
+@dataclass
+class Population:
+    """A cell's local sub-population of one role, best first after `sort`."""
+
+    individuals: list[Individual] = field(default_factory=list)
+
+    def sort(self) -> None:
+        self.individuals.sort(key=lambda ind: ind.fitness)
+
+    @property
+    def best(self) -> Individual:
+        return min(self.individuals, key=lambda ind: ind.fitness)
+
+    def __len__(self) -> int:
+        return len(self.individuals)
+
+    def __iter__(self):
+        return iter(self.individuals)

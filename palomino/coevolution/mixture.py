@@ -1,0 +1,74 @@
+"""The neighbourhood's generator mixture: weights evolved by a (1+1)-ES on a cheap in-cell score.
+
+The score is a kernel MMD² between the weighted mixture and real data, on samples
+drawn once per iteration. Because the samples are fixed, MMD² is a quadratic form
+in the weights: the kernel matrices are computed once and every ES proposal costs
+a few matrix-vector products (common random numbers make the comparison fair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
+
+
+def _kernel(a: torch.Tensor, b: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
+    d2 = torch.cdist(a, b).pow(2)
+    return sum(torch.exp(-d2 / (2 * h * h)) for h in bandwidths) / len(bandwidths)
+
+
+@dataclass(frozen=True)
+class MixtureScore:
+    """MMD²(mixture(w), real) for any weight vector w over the components (lower is better)."""
+
+    k_fake: torch.Tensor  # (C·m, C·m)
+    k_cross_mean: torch.Tensor  # (C·m,) mean kernel value against the real samples
+    k_real_mean: float
+    components: int
+    per_component: int
+
+    @classmethod
+    def from_samples(cls, fakes: list[torch.Tensor], real: torch.Tensor) -> MixtureScore:
+        """`fakes[c]`: m samples of component c (same m for all); `real`: n real samples."""
+        per_component = fakes[0].shape[0]
+        x = torch.cat([f.reshape(per_component, -1) for f in fakes]).double()
+        y = real.reshape(real.shape[0], -1).double()
+        pooled = torch.cat([x, y])
+        median = torch.cdist(pooled, pooled).median().clamp_min(1e-6)
+        bandwidths = median * torch.tensor(_BANDWIDTH_FACTORS, dtype=torch.float64)
+        return cls(
+            k_fake=_kernel(x, x, bandwidths),
+            k_cross_mean=_kernel(x, y, bandwidths).mean(dim=1),
+            k_real_mean=float(_kernel(y, y, bandwidths).mean()),
+            components=len(fakes),
+            per_component=per_component,
+        )
+
+    def __call__(self, weights: np.ndarray) -> float:
+        a = torch.from_numpy(np.repeat(np.asarray(weights, dtype=np.float64) / self.per_component, self.per_component))
+        value = a @ self.k_fake @ a - 2 * a @ self.k_cross_mean + self.k_real_mean
+        return max(float(value), 0.0)
+
+
+def propose(weights: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Gaussian step, clipped at 0 and renormalised (all-zero falls back to the parent)."""
+    child = np.clip(weights + rng.normal(0.0, sigma, size=weights.shape), 0.0, None)
+    total = child.sum()
+    return child / total if total > 0 else weights.copy()
+
+
+def evolve_weights(
+    weights: np.ndarray, score: MixtureScore, sigma: float, steps: int, rng: np.random.Generator
+) -> tuple[np.ndarray, float]:
+    """(1+1)-ES: keep a child only if it scores strictly better. Returns (weights, score)."""
+    best = score(weights)
+    for _ in range(steps):
+        child = propose(weights, sigma, rng)
+        child_score = score(child)
+        if child_score < best:
+            weights, best = child, child_score
+    return weights, best

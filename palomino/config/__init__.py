@@ -1,0 +1,28 @@
+"""An experiment's configuration: YAML validated once, at the boundary, by pydantic."""
+
+from palomino.config.models import (
+    DataConfig,
+    ExperimentConfig,
+    FitnessConfig,
+    GridConfig,
+    MixtureConfig,
+    MutationConfig,
+    NetworkConfig,
+    TrainingConfig,
+)
+from palomino.config.loading import apply_overrides, dump_config, load_config, parse_config
+
+__all__ = [
+    "DataConfig",
+    "ExperimentConfig",
+    "FitnessConfig",
+    "GridConfig",
+    "MixtureConfig",
+    "MutationConfig",
+    "NetworkConfig",
+    "TrainingConfig",
+    "apply_overrides",
+    "dump_config",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,105 @@
+"""Pydantic models of an experiment. Defaults live here and nowhere else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LossName = Literal["bce", "mse", "heuristic", "wgan_gp"]
+DataName = Literal["mnist", "fashion_mnist", "cifar10", "image_folder", "gaussian_ring", "gaussian_grid"]
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GridConfig(_Strict):
+    rows: int = Field(3, ge=1, le=1024)
+    cols: int = Field(3, ge=1, le=1024)
+    neighbourhood: Literal["von_neumann", "moore"] = "von_neumann"
+
+
+class FitnessConfig(_Strict):
+    sample_size: int = Field(100, ge=1, description="samples each generator/discriminator pair is evaluated on")
+    mode: Literal["average", "best", "worst"] = "average"
+
+
+class MixtureConfig(_Strict):
+    sigma: float = Field(0.01, gt=0, description="std of the (1+1)-ES Gaussian step on mixture weights")
+    score_samples: int = Field(
+        500, ge=10, description="samples drawn per iteration for the in-cell mixture score (kernel MMD)"
+    )
+    es_steps: int = Field(1, ge=0, description="(1+1)-ES steps per iteration")
+
+
+class MutationConfig(_Strict):
+    probability: float = Field(0.5, ge=0, le=1, description="chance a learning rate mutates at a step")
+    alpha: float = Field(0.0001, ge=0, description="scale of the Gaussian learning-rate step")
+
+
+class TrainingConfig(_Strict):
+    iterations: int = Field(50, ge=1)
+    batch_size: int = Field(100, ge=1)
+    batches_per_iteration: int = Field(0, ge=0, description="0 = one pass over the whole dataset")
+    population_size: int = Field(1, ge=1)
+    tournament_size: int = Field(2, ge=1)
+    replacements: int = Field(1, ge=0, description="worst local individuals replaced by the best new ones")
+    learning_rate: float = Field(0.0002, gt=0)
+    adam_betas: tuple[float, float] = (0.5, 0.999)
+    losses: list[LossName] = Field(default_factory=lambda: ["bce"], min_length=1)
+    n_critic: int = Field(5, ge=1, description="discriminator steps per generator step with wgan_gp")
+    discriminator_skip_each_nth_step: int = Field(0, ge=0)
+    fitness: FitnessConfig = Field(default_factory=FitnessConfig)
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+    mutation: MutationConfig = Field(default_factory=MutationConfig)
+    checkpoint_every: int = Field(10, ge=0, description="0 = only at the end")
+    checkpoint_keep: int = Field(3, ge=1)
+    sample_every: int = Field(10, ge=0, description="0 = only at the end")
+    synchronous: bool = False
+
+    @model_validator(mode="after")
+    def _tournament_fits(self) -> TrainingConfig:
+        if self.replacements > self.population_size:
+            raise ValueError("training.replacements must be ≤ training.population_size")
+        return self
+
+
+class DataConfig(_Strict):
+    name: DataName = "gaussian_ring"
+    dir: Path | None = None
+    split: Literal["train", "test"] = "train"
+    size: int = Field(0, ge=0, description="0 = all samples (toys: 10,000 points)")
+    image_size: int | None = Field(None, ge=8, le=1024)
+    channels: Literal[1, 3] | None = None
+    download: bool = True
+
+
+class NetworkConfig(_Strict):
+    name: Literal["mlp", "dcgan", "sngan"] = "mlp"
+    latent_dim: int = Field(64, ge=1)
+    hidden: int = Field(256, ge=1)
+    width: int = Field(64, ge=1)
+
+
+class ExperimentConfig(_Strict):
+    name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    seed: int = Field(0, ge=0)
+    device: str = "cpu"
+    grid: GridConfig = Field(default_factory=GridConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value != "cpu" and not value.startswith("cuda"):
+            raise ValueError("device must be 'cpu' or 'cuda[:N]'")
+        return value
+
+    @property
+    def cells(self) -> int:
+        return self.grid.rows * self.grid.cols

@@ -1,0 +1,129 @@
+"""GAN losses on raw discriminator logits: Lipizzaner's BCE and MSE, Mustangs' heuristic, WGAN-GP.
+
+Networks output logits; the sigmoid lives here (softplus forms are the numerically stable
+BCE: −log σ(x) = softplus(−x), −log(1 − σ(x)) = softplus(x)). Every loss is minimised.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from palomino.errors import ConfigError
+
+
+class GanLoss:
+    """A generator loss and a discriminator loss; stateless, so one instance serves every cell."""
+
+    name: str
+
+    def generator(self, d_fake: Tensor) -> Tensor:
+        """Generator's loss from D's logits on its samples (B,) → scalar."""
+        raise NotImplementedError
+
+    def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
+        """Discriminator's loss from precomputed logits, without any penalty (fitness reuses it)."""
+        raise NotImplementedError
+
+    def discriminator(
+        self,
+        D: nn.Module,
+        real: Tensor,
+        fake: Tensor,
+        *,
+        penalty: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Discriminator's loss on a batch. `fake` is detached: this loss trains D only.
+
+        `penalty=False` skips any gradient penalty (cheap fitness evaluation); `generator`
+        seeds the penalty's randomness (WGAN-GP's interpolation), for deterministic runs.
+        """
+        return self.discriminator_from_logits(D(real), D(fake.detach()))
+
+
+class BCELoss(GanLoss):
+    """Goodfellow's minimax game: G minimises E[log(1 − D(G(z)))], which saturates early on."""
+
+    name = "bce"
+
+    def generator(self, d_fake: Tensor) -> Tensor:
+        return -F.softplus(d_fake).mean()
+
+    def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
+        return F.softplus(-d_real).mean() + F.softplus(d_fake).mean()
+
+
+class HeuristicLoss(BCELoss):
+    """Non-saturating: G maximises log D(G(z)) instead, i.e. BCE against the 'real' label."""
+
+    name = "heuristic"
+
+    def generator(self, d_fake: Tensor) -> Tensor:
+        return F.softplus(-d_fake).mean()
+
+
+class MSELoss(GanLoss):
+    """Least squares on sigmoid outputs, as Lipizzaner/Mustangs do (D ends in Sigmoid + MSELoss)."""
+
+    name = "mse"
+
+    def generator(self, d_fake: Tensor) -> Tensor:
+        return (torch.sigmoid(d_fake) - 1).square().mean()
+
+    def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
+        return (torch.sigmoid(d_real) - 1).square().mean() + torch.sigmoid(d_fake).square().mean()
+
+
+class WGANGPLoss(GanLoss):
+    """Wasserstein critic with gradient penalty (Gulrajani et al. 2017); logits are critic scores."""
+
+    name = "wgan_gp"
+    gp_weight = 10.0
+
+    def generator(self, d_fake: Tensor) -> Tensor:
+        return -d_fake.mean()
+
+    def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
+        return d_fake.mean() - d_real.mean()
+
+    def discriminator(
+        self,
+        D: nn.Module,
+        real: Tensor,
+        fake: Tensor,
+        *,
+        penalty: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        fake = fake.detach()
+        loss = self.discriminator_from_logits(D(real), D(fake))
+        if penalty:
+            loss = loss + self.gp_weight * gradient_penalty(D, real, fake, generator=generator)
+        return loss
+
+
+def gradient_penalty(D: nn.Module, real: Tensor, fake: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    """E[(‖∇D(x̂)‖₂ − 1)²] on x̂ drawn uniformly on the segments between paired real and fake samples."""
+    n = min(len(real), len(fake))  # pair what we have: fitness batches may differ in size
+    real, fake = real[:n].detach(), fake[:n].detach()
+    # Draw on the generator's device (a CPU generator cannot fill a CUDA tensor), then move.
+    device = generator.device if generator is not None else real.device
+    eps = torch.rand((n,) + (1,) * (real.dim() - 1), generator=generator, device=device).to(real)
+    x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
+    # create_graph: the penalty itself is differentiated when D takes its step.
+    (grad,) = torch.autograd.grad(D(x_hat).sum(), x_hat, create_graph=True)
+    return (grad.flatten(1).norm(2, dim=1) - 1).square().mean()
+
+
+_LOSSES: dict[str, GanLoss] = {loss.name: loss for loss in (BCELoss(), HeuristicLoss(), MSELoss(), WGANGPLoss())}
+LOSS_NAMES: tuple[str, ...] = tuple(_LOSSES)
+
+
+def get_loss(name: str) -> GanLoss:
+    """The loss called `name`, one of LOSS_NAMES."""
+    try:
+        return _LOSSES[name]
+    except KeyError:
+        raise ConfigError(f"unknown loss {name!r}; choose one of {', '.join(LOSS_NAMES)}") from None
