@@ -113,7 +113,7 @@ def train(
             raise typer.Exit(130) from None
 
     if outcome.finished:
-        stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g} → {run.result_dir}")
+        stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
         print(run.path)
     else:
         stderr.print(f"stopped; checkpoints written. Continue with: palomino train --resume {run.path}")

@@ -8,6 +8,7 @@ import io
 import math
 import struct
 import tarfile
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.error import URLError

@@ -16,9 +16,8 @@ import torch
 _BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
 
 
-def _kernel(a: torch.Tensor, b: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
-    d2 = torch.cdist(a, b).pow(2)
-    return sum(torch.exp(-d2 / (2 * h * h)) for h in bandwidths) / len(bandwidths)
+def _kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
+    return (sum(torch.exp(-d2 / (2 * h * h)) for h in bandwidths) / len(bandwidths)).double()
 
 
 @dataclass(frozen=True)
@@ -35,15 +34,19 @@ class MixtureScore:
     def from_samples(cls, fakes: list[torch.Tensor], real: torch.Tensor) -> MixtureScore:
         """`fakes[c]`: m samples of component c (same m for all); `real`: n real samples."""
         per_component = fakes[0].shape[0]
-        x = torch.cat([f.reshape(per_component, -1) for f in fakes]).double()
-        y = real.reshape(real.shape[0], -1).double()
+        x = torch.cat([f.reshape(per_component, -1) for f in fakes]).float()
+        y = real.reshape(real.shape[0], -1).float()
+        # One distance matrix over the pooled samples (float32: the cost is here); the
+        # quadratic form in the weights is then evaluated in float64.
         pooled = torch.cat([x, y])
-        median = torch.cdist(pooled, pooled).median().clamp_min(1e-6)
-        bandwidths = median * torch.tensor(_BANDWIDTH_FACTORS, dtype=torch.float64)
+        d2 = torch.cdist(pooled, pooled, compute_mode="use_mm_for_euclid_dist").pow(2).clamp_min(0)
+        median = d2.median().clamp_min(1e-12).sqrt()
+        bandwidths = median * torch.tensor(_BANDWIDTH_FACTORS)
+        n = len(x)
         return cls(
-            k_fake=_kernel(x, x, bandwidths),
-            k_cross_mean=_kernel(x, y, bandwidths).mean(dim=1),
-            k_real_mean=float(_kernel(y, y, bandwidths).mean()),
+            k_fake=_kernel(d2[:n, :n], bandwidths),
+            k_cross_mean=_kernel(d2[:n, n:], bandwidths).mean(dim=1),
+            k_real_mean=float(_kernel(d2[n:, n:], bandwidths).mean()),
             components=len(fakes),
             per_component=per_component,
         )

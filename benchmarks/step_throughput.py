@@ -1,0 +1,403 @@
+"""Training throughput: one cell's iteration against a plain PyTorch GAN loop.
+
+A cell takes the same two Adam steps per batch as a plain GAN loop (one generator step,
+one discriminator step). Its fitness evaluation, selection, replacement and mixture work
+happen once per iteration, so over a realistic iteration they should cost little:
+the target is cell samples/s ≥ 0.9 × plain samples/s.
+
+What is measured, per network, in one process:
+  cell   the whole `Cell.iterate` call of the centre cell of a 3×3 von Neumann grid
+         (itself + 4 neighbours, whose snapshots come from 4 other Cells' `snapshot()`),
+         population 1, batch 100, fitness sample size 100, losses [bce], mixture defaults;
+  plain  the same networks (same builders), the same data tensor and batch size, the same
+         number of batches, each: G step (G(z) → D → BCE → backward into G only → Adam)
+         then D step (G(z') without grad → D(real), D(fake) → BCE → backward into D only
+         → Adam), Adam betas (0.5, 0.999). No `.item()` per step.
+samples/s = batch_size × batches / seconds. Rounds alternate plain/cell (and swap which
+goes first each round) so background load falls on both; the ratio is the median of the
+per-round ratios, the samples/s columns are medians over rounds.
+
+The breakdown times the functions `Cell.iterate` calls (wrapped for the timed rounds only
+by perf_counter, and a CUDA synchronize on CUDA; nothing in palomino is edited) and shows
+where a cell iteration's time goes, and how much more than the plain loop each part costs.
+
+    python benchmarks/step_throughput.py                       # mlp and dcgan, CPU
+    python benchmarks/step_throughput.py --network mlp --batches 100 --rounds 5
+    python benchmarks/step_throughput.py --device cuda --batches 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+import palomino.coevolution.cell as cell_module
+from palomino.coevolution import Cell
+from palomino.coevolution.individual import Individual
+from palomino.config import DataConfig, ExperimentConfig
+from palomino.data import Dataset, load_dataset
+from palomino.grid import Coord, Topology
+from palomino.nn import build_discriminator, build_generator, get_loss
+
+TARGET = 0.9
+DEFAULT_DATA_DIR = Path("/work/shared/datasets/mnist")
+SAMPLE_SHAPE = (1, 28, 28)
+# On a CPU a DCGAN batch (width 64) takes ~1.5 s, so 100 batches per round would take minutes:
+# by default the CPU run uses few DCGAN batches and projects the ratio to 100 (see below).
+DEFAULT_BATCHES = {"cuda": {"mlp": 100, "dcgan": 100}, "cpu": {"mlp": 100, "dcgan": 4}}
+PROJECT_TO = 100
+
+
+# ---- setup ------------------------------------------------------------------------------------
+
+
+def load_data(data_dir: Path) -> tuple[Dataset, str]:
+    """The MNIST test split if it is there, otherwise random images of the same shape."""
+    try:
+        dataset = load_dataset(DataConfig(name="mnist", dir=data_dir, split="test", download=False), 0)
+        return dataset, f"MNIST test split from {data_dir} ({len(dataset)} images)"
+    except Exception as e:  # noqa: BLE001 - any failure means: use the fallback, and say so
+        samples = torch.rand((10_000, *SAMPLE_SHAPE), generator=torch.Generator().manual_seed(0)) * 2 - 1
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return Dataset("random", samples, None, "image"), f"RANDOM tensors (10000, 1, 28, 28) in [-1, 1] - no MNIST: {reason}"
+
+
+def make_config(network: str, batches: int, batch_size: int, device: str) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "bench",
+            "seed": 0,
+            "device": device,
+            "grid": {"rows": 3, "cols": 3, "neighbourhood": "von_neumann"},
+            "training": {
+                "batch_size": batch_size,
+                "batches_per_iteration": batches,
+                "population_size": 1,
+                "losses": ["bce"],
+                "fitness": {"sample_size": 100},
+            },
+            "data": {"name": "mnist", "split": "test"},
+            # Lipizzaner's perceptron: latent 64, hidden 256; DCGAN: latent 64, width 64.
+            "network": {"name": network, "latent_dim": 64, "hidden": 256, "width": 64},
+        }
+    )
+
+
+def make_cell(config: ExperimentConfig, dataset: Dataset, device: str) -> tuple[Cell, dict[Coord, Any]]:
+    """The centre cell of a 3×3 grid and snapshots of its 4 von Neumann neighbours."""
+    topology = Topology(3, 3, "von_neumann")
+    centre = Coord(1, 1)
+    cell = Cell(centre, topology, config, dataset, experiment="bench", device=device)
+    neighbours = {}
+    for coord in topology.neighbours(centre):
+        other = Cell(coord, topology, config, dataset, experiment="bench", device=device)
+        neighbours[coord] = other.snapshot()
+    return cell, neighbours
+
+
+class PlainGAN:
+    """A textbook GAN loop on the same networks, data and batch as the cell."""
+
+    def __init__(self, config: ExperimentConfig, dataset: Dataset, device: str) -> None:
+        torch.manual_seed(1)
+        self.device = torch.device(device)
+        self.G = build_generator(config.network, dataset.sample_shape, dataset.kind).to(self.device)
+        self.D = build_discriminator(config.network, dataset.sample_shape, dataset.kind).to(self.device)
+        betas = config.training.adam_betas
+        lr = config.training.learning_rate
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=lr, betas=betas)
+        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=lr, betas=betas)
+        self.loss = get_loss("bce")
+        self.data = dataset.samples.to(self.device)
+        self.batch_size = config.training.batch_size
+        self.latent = config.network.latent_dim
+        self.order = torch.randperm(len(self.data), device=self.device)
+        self.cursor = 0
+
+    def run(self, batches: int) -> torch.Tensor:
+        g_params, d_params = list(self.G.parameters()), list(self.D.parameters())
+        total = torch.zeros((), device=self.device)
+        for _ in range(batches):
+            if self.cursor + self.batch_size > len(self.order):
+                self.order = torch.randperm(len(self.data), device=self.device)
+                self.cursor = 0
+            real = self.data[self.order[self.cursor : self.cursor + self.batch_size]]
+            self.cursor += self.batch_size
+            n = real.shape[0]
+            # Generator step.
+            fake = self.G(torch.randn(n, self.latent, device=self.device))
+            g_loss = self.loss.generator(self.D(fake))
+            self.opt_g.zero_grad(set_to_none=True)
+            g_loss.backward(inputs=g_params)
+            self.opt_g.step()
+            # Discriminator step.
+            with torch.no_grad():
+                fake = self.G(torch.randn(n, self.latent, device=self.device))
+            d_loss = self.loss.discriminator(self.D, real, fake)
+            self.opt_d.zero_grad(set_to_none=True)
+            d_loss.backward(inputs=d_params)
+            self.opt_d.step()
+            total += g_loss.detach() + d_loss.detach()
+        return total
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str) -> float:
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+class Probe:
+    """Times the functions `Cell.iterate` calls, in call order, without editing palomino."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.events: list[tuple[str, float, bool]] = []  # (name, seconds, inside the mixture)
+        self._in_mixture = False
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            inside = self._in_mixture
+            if name == "evolve_mixture":
+                self._in_mixture = True
+            sync(self.device)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sync(self.device)
+                self.events.append((name, time.perf_counter() - start, inside))
+                if name == "evolve_mixture":
+                    self._in_mixture = False
+
+        return wrapper
+
+    @contextlib.contextmanager
+    def attached(self, cell: Cell) -> Iterator[None]:
+        saved_module = {n: getattr(cell_module, n) for n in ("loss_table", "tournament_select", "replace_worst")}
+        saved_clone = Individual.clone
+        for n, fn in saved_module.items():
+            setattr(cell_module, n, self.wrap(n, fn))
+        Individual.clone = self.wrap("clone", saved_clone)  # type: ignore[method-assign]
+        for n in ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score"):
+            setattr(cell, n, self.wrap(n.lstrip("_"), getattr(cell, n)))
+        try:
+            yield
+        finally:
+            for n, fn in saved_module.items():
+                setattr(cell_module, n, fn)
+            Individual.clone = saved_clone  # type: ignore[method-assign]
+            for n in ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score"):
+                delattr(cell, n)  # back to the class's methods
+
+    def phases(self, total: float) -> dict[str, float]:
+        """One iteration's events → seconds per phase (call order tells fitness from re-evaluation)."""
+        out: dict[str, float] = defaultdict(float)
+        generate_seen = table_seen = 0
+        for name, seconds, inside in self.events:
+            if name == "from_snapshot":
+                out["neighbour snapshots → modules"] += seconds
+            elif name == "generate" and inside:
+                out["mixture: generate"] += seconds
+            elif name == "generate":
+                out["fitness (all-vs-all)" if generate_seen == 0 else "re-evaluation"] += seconds
+                generate_seen += 1
+            elif name == "loss_table":
+                out["fitness (all-vs-all)" if table_seen == 0 else "re-evaluation"] += seconds
+                table_seen += 1
+            elif name in ("tournament_select", "clone"):
+                out["selection (tournament + clone)"] += seconds
+            elif name == "train":
+                out["training (batches)"] += seconds
+            elif name == "replace_worst":
+                out["replacement"] += seconds
+            elif name == "mixture_score":
+                out["mixture: MMD kernels"] += seconds  # its generate is subtracted below
+            elif name == "evolve_mixture":
+                out["mixture: (1+1)-ES"] += seconds  # mixture_score is subtracted below
+        out["mixture: (1+1)-ES"] -= out["mixture: MMD kernels"]
+        out["mixture: MMD kernels"] -= out["mixture: generate"]
+        out["other (report, bookkeeping)"] = total - sum(out.values())
+        self.events.clear()
+        return dict(out)
+
+
+PHASE_ORDER = (
+    "neighbour snapshots → modules",
+    "fitness (all-vs-all)",
+    "selection (tournament + clone)",
+    "training (batches)",
+    "re-evaluation",
+    "replacement",
+    "mixture: generate",
+    "mixture: MMD kernels",
+    "mixture: (1+1)-ES",
+    "other (report, bookkeeping)",
+)
+
+
+def bench_network(
+    network: str, batches: int, rounds: int, warmup: int, device: str, dataset: Dataset, breakdown: bool
+) -> dict[str, Any]:
+    config = make_config(network, batches, 100, device)
+    cell, neighbours = make_cell(config, dataset, device)
+    plain = PlainGAN(config, dataset, device)
+    probe = Probe(device)
+    samples = config.training.batch_size * batches
+
+    # Warm-up: allocator, kernels, and the cell's first iteration (it builds its neighbour slots).
+    config.training.batches_per_iteration = warmup
+    cell.iterate(neighbours)
+    config.training.batches_per_iteration = batches
+    timed(lambda: plain.run(warmup), device)
+
+    plain_s, cell_s, ratios, phases = [], [], [], []
+    for r in range(rounds):
+        results: dict[str, float] = {}
+        for which in ("plain", "cell") if r % 2 == 0 else ("cell", "plain"):
+            if which == "plain":
+                results["plain"] = timed(lambda: plain.run(batches), device)
+            elif breakdown:
+                with probe.attached(cell):
+                    results["cell"] = timed(lambda: cell.iterate(neighbours), device)
+                phases.append(probe.phases(results["cell"]))
+            else:
+                results["cell"] = timed(lambda: cell.iterate(neighbours), device)
+        plain_s.append(samples / results["plain"])
+        cell_s.append(samples / results["cell"])
+        ratios.append(results["plain"] / results["cell"])
+        print(
+            f"  {network} round {r + 1}/{rounds}: plain {results['plain']:.2f} s, cell {results['cell']:.2f} s, "
+            f"ratio {ratios[-1]:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
+    out: dict[str, Any] = {
+        "network": network,
+        "batches": batches,
+        "plain": statistics.median(plain_s),
+        "cell": statistics.median(cell_s),
+        "ratio": statistics.median(ratios),
+        "plain_seconds": samples / statistics.median(plain_s),
+    }
+    if phases:
+        out["phases"] = {k: statistics.median(p.get(k, 0.0) for p in phases) for k in PHASE_ORDER}
+    return out
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+
+def print_breakdown(result: dict[str, Any]) -> None:
+    phases, batches = result["phases"], result["batches"]
+    plain = result["plain_seconds"]
+    per_batch = plain / batches
+    total = sum(phases.values())
+    print(f"\n{result['network']}: where one cell iteration goes ({batches} batches; medians over rounds)")
+    print(f"  {'phase':32} {'ms':>9} {'% iter':>7} {'batches≈':>9}")
+    for name in PHASE_ORDER:
+        ms = phases[name] * 1e3
+        print(f"  {name:32} {ms:9.1f} {100 * phases[name] / total:6.1f}% {phases[name] / per_batch:9.2f}")
+    print(f"  {'total':32} {total * 1e3:9.1f}")
+    training = phases["training (batches)"]
+    fixed = total - training
+    print(f"  plain loop, same batches: {plain * 1e3:.1f} ms ({per_batch * 1e3:.2f} ms/batch)")
+    print(
+        f"  extra vs plain: {(total - plain) * 1e3:+.1f} ms = training loop {(training - plain) * 1e3:+.1f} ms"
+        f" + once-per-iteration work {fixed * 1e3:.1f} ms"
+    )
+    # Fixed work does not grow with batches; per-batch work does: project to other iteration lengths.
+    train_per_batch = training / batches
+    for b in sorted({batches, PROJECT_TO}):
+        projected = per_batch * b / (train_per_batch * b + fixed)
+        print(f"  projected ratio at {b} batches/iteration: {projected:.3f}")
+    need = fixed / (per_batch / TARGET - train_per_batch) if per_batch / TARGET > train_per_batch else float("inf")
+    print(f"  batches/iteration needed for ratio {TARGET}: {need:.0f}" if need != float("inf") else
+          f"  ratio {TARGET} unreachable: the cell's training loop alone is slower than plain/{TARGET}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--network", nargs="+", choices=("mlp", "dcgan"), default=["mlp", "dcgan"])
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help="batches per iteration (= per round); default 100, except dcgan on CPU: 4 (projected to 100)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per network (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up batches (plus one cell iteration)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="MNIST directory (test split)")
+    parser.add_argument("--no-breakdown", action="store_true", help="time the cell with no wrappers at all")
+    parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top ops of one cell iteration")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch.cuda.is_available() is False")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    dataset, source = load_data(args.data_dir)
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    print(f"data: {source}")
+    print(
+        f"device: {args.device} (torch {torch.__version__}, {torch.get_num_threads()} threads); "
+        f"3×3 grid, von Neumann, population 1, batch 100, fitness 100 samples, losses [bce], "
+        f"mixture score_samples {make_config('mlp', 1, 100, 'cpu').training.mixture.score_samples}; "
+        f"{args.rounds} rounds, alternating plain/cell"
+    )
+    results = []
+    for network in args.network:
+        batches = args.batches or DEFAULT_BATCHES[kind][network]
+        print(f"{network}: {batches} batches per iteration", flush=True)
+        results.append(
+            bench_network(network, batches, args.rounds, args.warmup, args.device, dataset, not args.no_breakdown)
+        )
+
+    print(f"\n{'network':8} {'batches':>7} {'plain samples/s':>16} {'cell samples/s':>15} {'cell/plain':>11}")
+    for r in results:
+        flag = "" if r["ratio"] >= TARGET else "  below target"
+        print(f"{r['network']:8} {r['batches']:7d} {r['plain']:16.0f} {r['cell']:15.0f} {r['ratio']:11.3f}{flag}")
+    print(f"target ≥ {TARGET} (ratio: median of per-round plain_time/cell_time)")
+    for r in results:
+        if "phases" in r:
+            print_breakdown(r)
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for network in args.network:
+            batches = args.batches or DEFAULT_BATCHES[kind][network]
+            config = make_config(network, batches, 100, args.device)
+            cell, neighbours = make_cell(config, dataset, args.device)
+            cell.iterate(neighbours)  # warm-up
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if kind == "cuda" else [])
+            with profile(activities=activities) as prof:
+                cell.iterate(neighbours)
+            key = "self_cuda_time_total" if kind == "cuda" else "self_cpu_time_total"
+            print(f"\n{network}: torch.profiler, one cell iteration ({batches} batches), top ops by {key}")
+            print(prof.key_averages().table(sort_by=key, row_limit=15))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
