@@ -43,9 +43,10 @@ def train(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its checkpoints."),
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
-    from palomino.config import apply_overrides, load_config, parse_config
+    from palomino.config import apply_overrides, dump_config, load_config, parse_config
     from palomino.data import load_dataset
     from palomino.runs import RunDirectory
+    from palomino.runs.checkpoints import atomic_write
     from palomino.runs.embedded import train_embedded
 
     import yaml
@@ -55,6 +56,8 @@ def train(
             run = RunDirectory.open(resume)
             raw = yaml.safe_load(run.config_path.read_text())
             cfg = parse_config(apply_overrides(raw, overrides)) if overrides else run.load_config()
+            if overrides:  # e.g. more iterations: the run directory keeps describing the run
+                atomic_write(run.config_path, dump_config(cfg).encode())
         elif config is None:
             raise ConfigError("train: give a CONFIG file, or --resume RUN_DIR")
         else:

@@ -16,8 +16,9 @@ import torch
 _BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
 
 
-def _kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
-    return (sum(torch.exp(-d2 / (2 * h * h)) for h in bandwidths) / len(bandwidths)).double()
+def _kernel(d2: torch.Tensor, bandwidths: list[float]) -> torch.Tensor:
+    # Back on the CPU in float64: the ES evaluates the quadratic form there, with numpy weights.
+    return (sum(torch.exp(-d2 / (2 * h * h)) for h in bandwidths) / len(bandwidths)).double().cpu()
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class MixtureScore:
         # quadratic form in the weights is then evaluated in float64.
         pooled = torch.cat([x, y])
         d2 = torch.cdist(pooled, pooled, compute_mode="use_mm_for_euclid_dist").pow(2).clamp_min(0)
-        median = d2.median().clamp_min(1e-12).sqrt()
-        bandwidths = median * torch.tensor(_BANDWIDTH_FACTORS)
+        median = float(d2.median().clamp_min(1e-12).sqrt())
+        bandwidths = [median * factor for factor in _BANDWIDTH_FACTORS]
         n = len(x)
         return cls(
             k_fake=_kernel(d2[:n, :n], bandwidths),
