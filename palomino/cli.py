@@ -70,7 +70,6 @@ def train(
         raise _fail(error) from None
 
     total = cfg.cells * cfg.training.iterations
-    done_before = sum(1 for _ in run.metrics()) if resume else 0
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -82,7 +81,7 @@ def train(
     latest: dict[str, float] = {}
 
     with Progress(*columns, console=stderr, transient=False) as progress:
-        task = progress.add_task(f"{cfg.grid.rows}×{cfg.grid.cols} cells", total=total, completed=done_before, best="–")
+        task = progress.add_task(f"{cfg.grid.rows}×{cfg.grid.cols} cells", total=total, best="–")
 
         def on_metrics(record: dict) -> None:
             score = record.get("score")
@@ -104,7 +103,15 @@ def train(
 
             loop.add_signal_handler(signal.SIGINT, interrupt)
             loop.add_signal_handler(signal.SIGTERM, interrupt)
-            return await train_embedded(cfg, run, dataset, resume=resume is not None, stop=stop, on_metrics=on_metrics)
+            return await train_embedded(
+                cfg,
+                run,
+                dataset,
+                resume=resume is not None,
+                stop=stop,
+                on_metrics=on_metrics,
+                on_restored=lambda done: progress.update(task, completed=done),
+            )
 
         try:
             outcome = asyncio.run(go())

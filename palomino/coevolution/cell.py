@@ -102,10 +102,10 @@ class Cell:
         # Data order is drawn on the CPU so a run's batches do not depend on the device.
         return torch.Generator().manual_seed(int(self.rng.integers(2**62)))
 
-    def _build(self, role: Role) -> nn.Module:
+    def _build(self, role: Role, seed: int | None = None) -> nn.Module:
         build = build_generator if role == "generator" else build_discriminator
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(self.rng.integers(2**62)))
+            torch.manual_seed(int(self.rng.integers(2**62)) if seed is None else seed)
             return build(self.config.network, self.sample_shape, self.kind).to(self.device)
 
     def _new_individual(self, role: Role) -> Individual:
@@ -144,7 +144,9 @@ class Cell:
         meta: IndividualMeta = getattr(snapshot.header, role)
         key = (coord, role)
         if key not in self._slots:
-            self._slots[key] = self._build(role)
+            # Weights come from the snapshot next, so the seed is irrelevant: a fixed one keeps
+            # self.rng's stream the same for a fresh and a restored cell.
+            self._slots[key] = self._build(role, seed=0)
         network = self._slots[key]
         individual = Individual(
             role,
@@ -302,9 +304,13 @@ class Cell:
     def _evolve_mixture(self, generators: list[Individual], coords: list[Coord]) -> None:
         mixture = self.config.training.mixture
         keys = [str(c) for c in coords]
-        # Weights persist per coordinate; a newcomer (first iteration, resize) gets an equal share.
-        weights = np.array([self.mixture_weights.get(k, 1.0 / len(keys)) for k in keys], dtype=np.float64)
-        weights = weights / weights.sum() if weights.sum() > 0 else np.full(len(keys), 1.0 / len(keys))
+        # Weights persist while the neighbourhood does; a new one (first iteration, resize)
+        # starts from equal shares, as Lipizzaner's mixtures do.
+        if set(keys) == set(self.mixture_weights) and sum(self.mixture_weights.values()) > 0:
+            weights = np.array([self.mixture_weights[k] for k in keys], dtype=np.float64)
+            weights /= weights.sum()
+        else:
+            weights = np.full(len(keys), 1.0 / len(keys))
         score = self.mixture_score(generators, mixture.score_samples)
         weights, self.score = evolve_weights(weights, score, mixture.sigma, mixture.es_steps, self.rng)
         self.mixture_weights = dict(zip(keys, weights.tolist()))

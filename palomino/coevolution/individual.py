@@ -35,7 +35,8 @@ class Individual:
         """An independent copy, Adam moments included (selection copies, never aliases)."""
         network = copy.deepcopy(self.network)
         optimizer = make_adam(network, self.learning_rate, self.optimizer.param_groups[0]["betas"])
-        optimizer.load_state_dict(self.optimizer.state_dict())  # load_state_dict deep-copies
+        # load_state_dict keeps tensors that already fit: copy, or the clone's steps move ours.
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
         return Individual(self.role, network, optimizer, self.learning_rate, self.fitness, self.loss, self.origin)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -62,7 +63,7 @@ class Individual:
         for key, value in tensors.items():
             if key.startswith(opt_prefix):
                 index, _, name = key[len(opt_prefix) :].partition(".")
-                state.setdefault(int(index), {})[name] = value
+                state.setdefault(int(index), {})[name] = value.clone()  # never alias the source
         saved = self.optimizer.state_dict()
         saved["state"] = state
         self.optimizer.load_state_dict(saved)

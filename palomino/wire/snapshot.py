@@ -78,8 +78,12 @@ def decode_snapshot(body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snaps
         raise SnapshotError(f"snapshot header length {length} is impossible for a {len(body)}-byte body")
     try:
         header = SnapshotHeader.model_validate(json.loads(body[_LENGTH.size : _LENGTH.size + length]))
-    except (ValueError, ValidationError) as error:
-        raise SnapshotError(f"snapshot header is invalid: {str(error).splitlines()[0]}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "<root>"
+        raise SnapshotError(f"snapshot header is invalid: {field}: {first['msg']}") from None
+    except ValueError as error:  # not JSON (json.JSONDecodeError, UnicodeDecodeError)
+        raise SnapshotError(f"snapshot header is invalid: not JSON ({error})") from None
     payload = body[_LENGTH.size + length :]
     if len(payload) != header.payload_bytes:
         raise SnapshotError(f"snapshot payload is {len(payload)} bytes, header says {header.payload_bytes}")

@@ -1,0 +1,119 @@
+"""Shared helpers: tiny experiment configs and a way to run the real `palomino` command line.
+
+Nothing here imports torch, so tests of the torch-free layers stay torch-free.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Tiny networks on a shared 2-core machine: one intra-op thread is ~100× faster than OpenMP threads
+# spinning against other jobs. Set before torch is first imported (test modules import it later).
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
+if "torch" in sys.modules:  # a plugin imported it first: the variables came too late
+    sys.modules["torch"].set_num_threads(1)
+
+# The smallest experiment that still exercises every part of an iteration (seconds on a laptop CPU).
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "seed": 7,
+    "grid": {"rows": 2, "cols": 2, "neighbourhood": "von_neumann"},
+    "training": {
+        "iterations": 3,
+        "batch_size": 32,
+        "batches_per_iteration": 2,
+        "fitness": {"sample_size": 32},
+        "mixture": {"score_samples": 64},
+        "checkpoint_every": 1,
+        "sample_every": 1,
+    },
+    "data": {"name": "gaussian_ring", "size": 500},
+    "network": {"name": "mlp", "hidden": 16, "latent_dim": 8},
+}
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of `base` with `changes` merged into it (nested dicts merged, the rest replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def tiny(**changes: Any) -> dict[str, Any]:
+    """The TINY config with section-level changes: tiny(training={"iterations": 5})."""
+    return merge(TINY, changes)
+
+
+def write_yaml(path: Path, raw: Any) -> Path:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Two cores shared with other jobs: tiny nets are fastest on one thread; wide lines keep
+    # rich from wrapping log messages that tests look for.
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "300", "PYTHONUNBUFFERED": "1"})
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+def cli_command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "palomino.cli", *map(str, args)]
+
+
+def palomino(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real command line to completion (stdout and stderr captured as text)."""
+    return subprocess.run(
+        cli_command(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start_palomino(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
+    """Start the command line in the background; the caller signals and waits for it."""
+    return subprocess.Popen(
+        cli_command(*args), cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_until(condition: Callable[[], bool], proc: subprocess.Popen | None = None, timeout: float = 120) -> None:
+    """Poll `condition` until it holds; fails early if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"process ended (rc={proc.returncode}) before the condition held:\n{out}\n{err[-3000:]}")
+        if time.monotonic() > deadline:
+            if proc is not None:
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate()
+            pytest.fail("timed out waiting for the condition")
+        time.sleep(0.02)
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines, "no output on stdout"
+    return lines[-1].strip()
+
+
+@pytest.fixture
+def tiny_config() -> dict[str, Any]:
+    return tiny()

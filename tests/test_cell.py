@@ -1,0 +1,291 @@
+"""One cell's iteration: reports, state()/restore(), snapshots between cells, and the config variants."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny
+from palomino.coevolution import Cell, IterationReport
+from palomino.coevolution.individual import Individual, make_adam
+from palomino.config import ExperimentConfig, parse_config
+from palomino.data import Dataset, load_dataset
+from palomino.grid import Coord, Topology
+from palomino.wire import Snapshot, decode_snapshot, encode_snapshot
+
+REPORT_FIELDS = {"iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours"}
+
+
+def config(**changes: Any) -> ExperimentConfig:
+    return parse_config(tiny(**changes))
+
+
+@pytest.fixture(scope="module")
+def ring() -> Dataset:
+    return load_dataset(config().data, 0)
+
+
+def make_cell(cfg: ExperimentConfig, dataset: Dataset, coord: tuple[int, int] = (0, 0)) -> Cell:
+    topology = Topology(cfg.grid.rows, cfg.grid.cols, cfg.grid.neighbourhood)
+    return Cell(Coord(*coord), topology, cfg, dataset, experiment="test")
+
+
+def copy_of(snapshot: Snapshot) -> Snapshot:
+    """A private copy, as a neighbour in another process would receive it."""
+    return decode_snapshot(encode_snapshot(snapshot))
+
+
+def check_report(report: IterationReport, cfg: ExperimentConfig, iteration: int, coord: Coord) -> dict:
+    record = report.to_json()
+    assert set(record) == REPORT_FIELDS
+    assert record["iteration"] == iteration and record["cell"] == list(coord) and record["epoch"] == 0
+    for role in ("generator", "discriminator"):
+        assert set(record[role]) == {"loss", "fitness", "learning_rate"}
+        assert all(math.isfinite(v) for v in record[role].values()), record[role]
+        assert record[role]["learning_rate"] >= 0
+    assert set(record["losses_used"]) <= set(cfg.training.losses)
+    assert sum(record["losses_used"].values()) == cfg.training.batches_per_iteration
+    assert math.isfinite(record["score"]) and record["score"] >= 0
+    assert str(coord) in record["mixture"]
+    assert sum(record["mixture"].values()) == pytest.approx(1.0)
+    assert all(w >= 0 for w in record["mixture"].values())
+    return record
+
+
+def same_report(a: IterationReport, b: IterationReport) -> bool:
+    return a.to_json() == b.to_json()
+
+
+# --- a lone cell ---------------------------------------------------------------------------------
+
+
+def test_single_cell_iterates(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 1}, training={"losses": ["bce", "mse"]})
+    cell = make_cell(cfg, ring)
+    assert cell.iteration == 0 and cell.snapshot().iteration == -1
+    for i in range(3):
+        record = check_report(cell.iterate({}), cfg, i, Coord(0, 0))
+        assert record["mixture"] == {"0-0": 1.0}
+        assert record["neighbours"] == {}
+    assert cell.iteration == 3
+    assert cell.snapshot().iteration == 2
+    samples = cell.samples(10)
+    assert samples.shape == (10, 2) and torch.isfinite(samples).all()
+
+
+def test_training_changes_the_networks(ring: Dataset) -> None:
+    cell = make_cell(config(grid={"rows": 1, "cols": 1}), ring)
+    before = cell.snapshot().tensors
+    cell.iterate({})
+    after = cell.snapshot().tensors
+    for role in ("generator", "discriminator"):
+        key = f"{role}.net.net.0.weight"
+        assert not torch.equal(before[key], after[key]), role
+    assert any(k.startswith("generator.opt.") for k in after)  # Adam moments travel with the weights
+
+
+def test_same_seed_same_cell_same_reports(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 1})
+    a, b = make_cell(cfg, ring), make_cell(cfg, ring)
+    for _ in range(2):
+        assert same_report(a.iterate({}), b.iterate({}))
+    c = make_cell(config(grid={"rows": 1, "cols": 1}, seed=8), ring)
+    assert not same_report(make_cell(cfg, ring).iterate({}), c.iterate({}))
+
+
+# --- state and restore -----------------------------------------------------------------------------
+
+
+def test_state_restore_round_trip_continues_identically(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 1}, training={"population_size": 2, "losses": ["bce", "heuristic"]})
+    original = make_cell(cfg, ring)
+    original.iterate({})
+    original.iterate({})
+    restored = make_cell(cfg, ring)
+    restored.restore(*original.state())
+    assert restored.iteration == original.iteration == 2
+    for _ in range(3):
+        assert same_report(original.iterate({}), restored.iterate({}))
+
+
+def test_state_survives_a_checkpoint_file(ring: Dataset, tmp_path) -> None:
+    from palomino.runs.checkpoints import newest_valid, write_checkpoint
+
+    cfg = config(grid={"rows": 1, "cols": 1})
+    original = make_cell(cfg, ring)
+    original.iterate({})
+    write_checkpoint(tmp_path, original.iteration, *original.state(), keep=2)
+    checkpoint = newest_valid(tmp_path)
+    restored = make_cell(cfg, ring)
+    restored.restore(checkpoint.tensors, checkpoint.meta)
+    assert same_report(original.iterate({}), restored.iterate({}))
+
+
+def test_restore_refuses_another_architecture(ring: Dataset) -> None:
+    small = make_cell(config(grid={"rows": 1, "cols": 1}), ring)
+    big = make_cell(config(grid={"rows": 1, "cols": 1}, network={"hidden": 24}), ring)
+    with pytest.raises(ValueError, match="shape"):
+        big.restore(*small.state())
+
+
+def test_state_restore_with_neighbours_continues_identically(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2})
+    original, neighbour = make_cell(cfg, ring, (0, 0)), make_cell(cfg, ring, (0, 1))
+    original.iterate({Coord(0, 1): copy_of(neighbour.snapshot())})
+    neighbour.iterate({Coord(0, 0): copy_of(original.snapshot())})
+    body = encode_snapshot(neighbour.snapshot())
+    restored = make_cell(cfg, ring, (0, 0))
+    restored.restore(*original.state())
+    for _ in range(2):  # each cell gets its own copy of the neighbour's snapshot
+        a = original.iterate({Coord(0, 1): decode_snapshot(body)})
+        b = restored.iterate({Coord(0, 1): decode_snapshot(body)})
+        assert same_report(a, b)
+
+
+# --- neighbours -----------------------------------------------------------------------------------
+
+
+def test_snapshot_feeds_a_neighbour(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2})
+    a, b = make_cell(cfg, ring, (0, 0)), make_cell(cfg, ring, (0, 1))
+    ra = check_report(a.iterate({Coord(0, 1): copy_of(b.snapshot())}), cfg, 0, Coord(0, 0))
+    assert ra["neighbours"] == {"0-1": -1}
+    assert set(ra["mixture"]) == {"0-0", "0-1"}
+    snapshot = copy_of(a.snapshot())  # through the wire codec, as the broker carries it
+    assert snapshot.header.cell == (0, 0) and snapshot.iteration == 0
+    assert snapshot.header.mixture == ra["mixture"]
+    rb = check_report(b.iterate({Coord(0, 0): snapshot}), cfg, 0, Coord(0, 1))
+    assert rb["neighbours"] == {"0-0": 0}
+    # The neighbour's generator is a mixture component exactly as published.
+    parts = b.neighbourhood_mixture({Coord(0, 0): snapshot})
+    assert [key for key, _, _ in parts] == ["0-1", "0-0"]
+    published = {k[len("generator.net.") :]: v for k, v in snapshot.tensors.items() if k.startswith("generator.net.")}
+    for name, value in parts[1][2].network.state_dict().items():
+        assert torch.equal(value, published[name]), name
+
+
+def test_missing_neighbours_are_left_out(ring: Dataset) -> None:
+    cfg = config()
+    cell = make_cell(cfg, ring, (0, 0))
+    other = make_cell(cfg, ring, (0, 1))
+    not_a_neighbour = make_cell(config(grid={"rows": 3, "cols": 3}), ring, (2, 2))
+    record = cell.iterate({Coord(0, 1): copy_of(other.snapshot()), Coord(2, 2): copy_of(not_a_neighbour.snapshot())}).to_json()
+    assert record["neighbours"] == {"0-1": -1}
+    assert set(record["mixture"]) == {"0-0", "0-1"}
+
+
+def test_iterating_does_not_modify_a_neighbours_snapshot(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2}, training={"population_size": 2, "tournament_size": 1, "replacements": 1})
+    cell, neighbour = make_cell(cfg, ring, (0, 0)), make_cell(cfg, ring, (0, 1))
+    neighbour.iterate({Coord(0, 0): copy_of(cell.snapshot())})
+    snapshot = neighbour.snapshot()  # shared, as the in-memory bus shares it with every neighbour
+    before = {k: v.clone() for k, v in snapshot.tensors.items()}
+    for _ in range(3):
+        cell.iterate({Coord(0, 1): snapshot})
+    changed = [k for k, v in snapshot.tensors.items() if not torch.equal(v, before[k])]
+    assert changed == []
+
+
+def test_clone_is_independent_of_the_original() -> None:
+    torch.manual_seed(0)
+    network = torch.nn.Linear(3, 2)
+    original = Individual("generator", network, make_adam(network, 0.01, (0.5, 0.999)), 0.01)
+    network(torch.randn(5, 3)).sum().backward()
+    original.optimizer.step()
+    before = {k: v.clone() for k, v in original.tensors("g").items()}
+    clone = clone_and_step(original)
+    after = original.tensors("g")
+    assert {k for k in before if not torch.equal(before[k], after[k])} == set()
+    assert not torch.equal(clone.network.weight, original.network.weight)
+
+
+def clone_and_step(original: Individual) -> Individual:
+    clone = original.clone()
+    clone.optimizer.zero_grad()
+    clone.network(torch.randn(5, 3)).sum().backward()
+    clone.optimizer.step()
+    return clone
+
+
+def test_clone_has_its_own_weights() -> None:
+    torch.manual_seed(1)
+    network = torch.nn.Linear(3, 2)
+    original = Individual("generator", network, make_adam(network, 0.01, (0.5, 0.999)), 0.01, fitness=1.5, loss="mse")
+    weights = network.weight.detach().clone()
+    clone = clone_and_step(original)
+    assert torch.equal(network.weight, weights)
+    assert (clone.fitness, clone.loss, clone.learning_rate) == (1.5, "mse", 0.01)
+
+
+# --- variants ---------------------------------------------------------------------------------------
+
+
+def run_grid(cfg: ExperimentConfig, dataset: Dataset, iterations: int = 2) -> dict[Coord, list[dict]]:
+    """Every cell of the grid, synchronously, each iteration against the others' previous snapshots."""
+    topology = Topology(cfg.grid.rows, cfg.grid.cols, cfg.grid.neighbourhood)
+    cells = {coord: make_cell(cfg, dataset, coord) for coord in topology.cells()}
+    records: dict[Coord, list[dict]] = {coord: [] for coord in cells}
+    for i in range(iterations):
+        bodies = {coord: encode_snapshot(cell.snapshot()) for coord, cell in cells.items()}
+        for coord, cell in cells.items():
+            neighbours = {n: decode_snapshot(bodies[n]) for n in topology.neighbours(coord)}
+            report = cell.iterate(neighbours)
+            record = check_report(report, cfg, i, coord)
+            assert record["neighbours"] == {str(n): i - 1 for n in topology.neighbours(coord)}
+            assert set(record["mixture"]) == {str(c) for c in topology.neighbourhood(coord)}
+            records[coord].append(record)
+    return records
+
+
+@pytest.mark.parametrize("replacements", [1, 2])
+def test_population_of_two(ring: Dataset, replacements: int) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2}, training={"population_size": 2, "replacements": replacements})
+    run_grid(cfg, ring)
+    cell = make_cell(cfg, ring)
+    cell.iterate({})
+    assert len(cell.generators) == 2 and len(cell.discriminators) == 2
+    tensors, meta = cell.state()
+    assert set(meta["individuals"]) == {"generator.0", "generator.1", "discriminator.0", "discriminator.1"}
+    assert cell.generators.best.fitness == min(g.fitness for g in cell.generators)
+
+
+def test_wgan_gp(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2}, training={"losses": ["wgan_gp"], "n_critic": 2, "batches_per_iteration": 4})
+    records = run_grid(cfg, ring)
+    assert all(r["losses_used"] == {"wgan_gp": 4} for rs in records.values() for r in rs)
+
+
+def test_mixed_losses(ring: Dataset) -> None:
+    losses = ["bce", "mse", "heuristic", "wgan_gp"]
+    cfg = config(grid={"rows": 1, "cols": 2}, training={"losses": losses, "batches_per_iteration": 6})
+    records = run_grid(cfg, ring, iterations=3)
+    used = set()
+    for rs in records.values():
+        for r in rs:
+            used |= set(r["losses_used"])
+    assert len(used) >= 3  # 36 random draws from 4 losses
+    snapshot = make_cell(cfg, ring).snapshot()
+    assert snapshot.header.generator.loss == ""  # untrained: no loss yet
+
+
+def test_moore_neighbourhood(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 3, "cols": 3, "neighbourhood": "moore"}, training={"batches_per_iteration": 1})
+    records = run_grid(cfg, ring, iterations=1)
+    for coord, rs in records.items():
+        assert len(rs[0]["mixture"]) == 9 and len(rs[0]["neighbours"]) == 8
+
+
+@pytest.mark.parametrize("mode", ["best", "worst"])
+def test_fitness_modes(ring: Dataset, mode: str) -> None:
+    run_grid(config(grid={"rows": 1, "cols": 2}, training={"fitness": {"mode": mode, "sample_size": 32}}), ring, 1)
+
+
+def test_snapshot_fitness_is_finite_before_any_iteration(ring: Dataset) -> None:
+    header = make_cell(config(), ring).snapshot().header
+    assert np.isfinite(header.generator.fitness) and np.isfinite(header.discriminator.fitness)
+    assert header.score is None
+    encode_snapshot(make_cell(config(), ring).snapshot())  # JSON-safe
