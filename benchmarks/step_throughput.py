@@ -17,9 +17,13 @@ samples/s = batch_size × batches / seconds. Rounds alternate plain/cell (and sw
 goes first each round) so background load falls on both; the ratio is the median of the
 per-round ratios, the samples/s columns are medians over rounds.
 
-The breakdown times the functions `Cell.iterate` calls (wrapped for the timed rounds only
-by perf_counter, and a CUDA synchronize on CUDA; nothing in palomino is edited) and shows
-where a cell iteration's time goes, and how much more than the plain loop each part costs.
+Seconds are this process's CPU time on CPU (one torch thread by default) and wall time on
+CUDA: with other jobs sharing the cores, wall time of a CPU run mostly measures their load
+(`--clock wall` to use it anyway; the table always shows the other clock's ratio).
+
+The breakdown times the functions `Cell.iterate` calls (wrapped during the timed rounds with
+a clock read, and a CUDA synchronize on CUDA; nothing in palomino is edited) and shows where
+a cell iteration's time goes, and how much more than the plain loop each part costs.
 
     python benchmarks/step_throughput.py                       # mlp and dcgan, CPU
     python benchmarks/step_throughput.py --network mlp --batches 100 --rounds 5
@@ -50,9 +54,9 @@ from palomino.nn import build_discriminator, build_generator, get_loss
 TARGET = 0.9
 DEFAULT_DATA_DIR = Path("/work/shared/datasets/mnist")
 SAMPLE_SHAPE = (1, 28, 28)
-# On a CPU a DCGAN batch (width 64) takes ~1.5 s, so 100 batches per round would take minutes:
-# by default the CPU run uses few DCGAN batches and projects the ratio to 100 (see below).
-DEFAULT_BATCHES = {"cuda": {"mlp": 100, "dcgan": 100}, "cpu": {"mlp": 100, "dcgan": 4}}
+# On one CPU thread a DCGAN batch (width 64) takes ~0.45 s, so 100 batches per round would take
+# minutes: by default the CPU run uses 10 DCGAN batches and projects the ratio to 100 (see below).
+DEFAULT_BATCHES = {"cuda": {"mlp": 100, "dcgan": 100}, "cpu": {"mlp": 100, "dcgan": 10}}
 PROJECT_TO = 100
 
 
@@ -157,21 +161,27 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn: Callable[[], Any], device: str) -> float:
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def timed(fn: Callable[[], Any], device: str) -> dict[str, float]:
+    """Seconds of fn() on both clocks: wall, and this process's CPU time (all its threads)."""
     sync(device)
-    start = time.perf_counter()
+    start = {name: clock() for name, clock in CLOCKS.items()}
     fn()
     sync(device)
-    return time.perf_counter() - start
+    return {name: clock() - start[name] for name, clock in CLOCKS.items()}
 
 
 class Probe:
     """Times the functions `Cell.iterate` calls, in call order, without editing palomino."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, clock: str) -> None:
         self.device = device
+        self.clock = CLOCKS[clock]
         self.events: list[tuple[str, float, bool]] = []  # (name, seconds, inside the mixture)
         self._in_mixture = False
+        self.called: set[str] = set()
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -179,40 +189,48 @@ class Probe:
             if name == "evolve_mixture":
                 self._in_mixture = True
             sync(self.device)
-            start = time.perf_counter()
+            start = self.clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 sync(self.device)
-                self.events.append((name, time.perf_counter() - start, inside))
+                self.events.append((name, self.clock() - start, inside))
                 if name == "evolve_mixture":
                     self._in_mixture = False
 
         return wrapper
 
+    MODULE_HOOKS = ("loss_table", "tournament_select", "replace_worst")  # names cell.py imports
+    CELL_HOOKS = ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score")
+
     @contextlib.contextmanager
     def attached(self, cell: Cell) -> Iterator[None]:
-        saved_module = {n: getattr(cell_module, n) for n in ("loss_table", "tournament_select", "replace_worst")}
-        saved_clone = Individual.clone
+        """Wrap what exists; a hook cell.py no longer has is skipped (its time lands in 'other')."""
+        saved_module = {n: getattr(cell_module, n) for n in self.MODULE_HOOKS if hasattr(cell_module, n)}
+        saved_clone = getattr(Individual, "clone", None)
+        wrapped_cell = [n for n in self.CELL_HOOKS if hasattr(cell, n)]
         for n, fn in saved_module.items():
             setattr(cell_module, n, self.wrap(n, fn))
-        Individual.clone = self.wrap("clone", saved_clone)  # type: ignore[method-assign]
-        for n in ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score"):
+        if saved_clone is not None:
+            Individual.clone = self.wrap("clone", saved_clone)  # type: ignore[method-assign]
+        for n in wrapped_cell:
             setattr(cell, n, self.wrap(n.lstrip("_"), getattr(cell, n)))
         try:
             yield
         finally:
             for n, fn in saved_module.items():
                 setattr(cell_module, n, fn)
-            Individual.clone = saved_clone  # type: ignore[method-assign]
-            for n in ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score"):
-                delattr(cell, n)  # back to the class's methods
+            if saved_clone is not None:
+                Individual.clone = saved_clone  # type: ignore[method-assign]
+            for n in wrapped_cell:
+                delattr(cell, n)  # back to the class's method
 
     def phases(self, total: float) -> dict[str, float]:
         """One iteration's events → seconds per phase (call order tells fitness from re-evaluation)."""
         out: dict[str, float] = defaultdict(float)
         generate_seen = table_seen = 0
         for name, seconds, inside in self.events:
+            self.called.add(name)
             if name == "from_snapshot":
                 out["neighbour snapshots → modules"] += seconds
             elif name == "generate" and inside:
@@ -255,12 +273,20 @@ PHASE_ORDER = (
 
 
 def bench_network(
-    network: str, batches: int, rounds: int, warmup: int, device: str, dataset: Dataset, breakdown: bool
+    network: str,
+    batches: int,
+    rounds: int,
+    warmup: int,
+    device: str,
+    dataset: Dataset,
+    breakdown: bool,
+    clock: str,
 ) -> dict[str, Any]:
     config = make_config(network, batches, 100, device)
     cell, neighbours = make_cell(config, dataset, device)
     plain = PlainGAN(config, dataset, device)
-    probe = Probe(device)
+    probe = Probe(device, clock)
+    other = "wall" if clock == "cpu" else "cpu"
     samples = config.training.batch_size * batches
 
     # Warm-up: allocator, kernels, and the cell's first iteration (it builds its neighbour slots).
@@ -269,37 +295,50 @@ def bench_network(
     config.training.batches_per_iteration = batches
     timed(lambda: plain.run(warmup), device)
 
-    plain_s, cell_s, ratios, phases = [], [], [], []
+    per_round: list[dict[str, Any]] = []
     for r in range(rounds):
-        results: dict[str, float] = {}
+        got: dict[str, Any] = {}
         for which in ("plain", "cell") if r % 2 == 0 else ("cell", "plain"):
             if which == "plain":
-                results["plain"] = timed(lambda: plain.run(batches), device)
+                got["plain"] = timed(lambda: plain.run(batches), device)
             elif breakdown:
                 with probe.attached(cell):
-                    results["cell"] = timed(lambda: cell.iterate(neighbours), device)
-                phases.append(probe.phases(results["cell"]))
+                    got["cell"] = timed(lambda: cell.iterate(neighbours), device)
+                got["phases"] = probe.phases(got["cell"][clock])
             else:
-                results["cell"] = timed(lambda: cell.iterate(neighbours), device)
-        plain_s.append(samples / results["plain"])
-        cell_s.append(samples / results["cell"])
-        ratios.append(results["plain"] / results["cell"])
+                got["cell"] = timed(lambda: cell.iterate(neighbours), device)
+        per_round.append(got)
+        p, c = got["plain"], got["cell"]
         print(
-            f"  {network} round {r + 1}/{rounds}: plain {results['plain']:.2f} s, cell {results['cell']:.2f} s, "
-            f"ratio {ratios[-1]:.3f}",
+            f"  {network} round {r + 1}/{rounds}: {clock} plain {p[clock]:.2f} s, cell {c[clock]:.2f} s, "
+            f"ratio {p[clock] / c[clock]:.3f} ({other}: {p[other]:.2f} s, {c[other]:.2f} s)",
             file=sys.stderr,
             flush=True,
         )
+
+    def med(fn: Callable[[dict[str, Any]], float]) -> float:
+        return statistics.median(fn(g) for g in per_round)
+
+    ratios = [g["plain"][clock] / g["cell"][clock] for g in per_round]
     out: dict[str, Any] = {
         "network": network,
         "batches": batches,
-        "plain": statistics.median(plain_s),
-        "cell": statistics.median(cell_s),
+        "plain": med(lambda g: samples / g["plain"][clock]),
+        "cell": med(lambda g: samples / g["cell"][clock]),
         "ratio": statistics.median(ratios),
-        "plain_seconds": samples / statistics.median(plain_s),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "other_ratio": med(lambda g: g["plain"][other] / g["cell"][other]),
+        "plain_seconds": med(lambda g: g["plain"][clock]),
+        "clock": clock,
     }
-    if phases:
-        out["phases"] = {k: statistics.median(p.get(k, 0.0) for p in phases) for k in PHASE_ORDER}
+    if breakdown:
+        out["phases"] = {k: med(lambda g: g["phases"].get(k, 0.0)) for k in PHASE_ORDER}
+        # Paired within a round, so load that slowed both rounds' halves alike cancels.
+        hooks = {n.lstrip("_") for n in (*Probe.MODULE_HOOKS, *Probe.CELL_HOOKS, "clone")}
+        out["hooks_not_called"] = sorted(hooks - probe.called)
+        out["train_minus_plain"] = med(lambda g: g["phases"]["training (batches)"] - g["plain"][clock])
+        out["fixed"] = med(lambda g: g["cell"][clock] - g["phases"]["training (batches)"])
     return out
 
 
@@ -311,27 +350,37 @@ def print_breakdown(result: dict[str, Any]) -> None:
     plain = result["plain_seconds"]
     per_batch = plain / batches
     total = sum(phases.values())
-    print(f"\n{result['network']}: where one cell iteration goes ({batches} batches; medians over rounds)")
+    print(
+        f"\n{result['network']}: where one cell iteration goes ({batches} batches; {result['clock']} clock, "
+        "medians over rounds; batches≈ = in plain-loop batches)"
+    )
     print(f"  {'phase':32} {'ms':>9} {'% iter':>7} {'batches≈':>9}")
     for name in PHASE_ORDER:
-        ms = phases[name] * 1e3
-        print(f"  {name:32} {ms:9.1f} {100 * phases[name] / total:6.1f}% {phases[name] / per_batch:9.2f}")
+        print(
+            f"  {name:32} {phases[name] * 1e3:9.1f} {100 * phases[name] / total:6.1f}% {phases[name] / per_batch:9.2f}"
+        )
     print(f"  {'total':32} {total * 1e3:9.1f}")
-    training = phases["training (batches)"]
-    fixed = total - training
+    if result["hooks_not_called"]:
+        print(f"  (not timed - cell.py changed? {', '.join(result['hooks_not_called'])}: their time is in 'other')")
+    fixed, extra_train = result["fixed"], result["train_minus_plain"]
     print(f"  plain loop, same batches: {plain * 1e3:.1f} ms ({per_batch * 1e3:.2f} ms/batch)")
     print(
-        f"  extra vs plain: {(total - plain) * 1e3:+.1f} ms = training loop {(training - plain) * 1e3:+.1f} ms"
-        f" + once-per-iteration work {fixed * 1e3:.1f} ms"
+        f"  cell − plain (paired per round): training loop {extra_train * 1e3:+.1f} ms "
+        f"({extra_train / batches * 1e3:+.2f} ms/batch), once-per-iteration work {fixed * 1e3:.1f} ms "
+        f"(= {fixed / per_batch:.2f} batches)"
     )
-    # Fixed work does not grow with batches; per-batch work does: project to other iteration lengths.
-    train_per_batch = training / batches
+    # Once-per-iteration work does not grow with the batches; project to other iteration lengths.
     for b in sorted({batches, PROJECT_TO}):
-        projected = per_batch * b / (train_per_batch * b + fixed)
-        print(f"  projected ratio at {b} batches/iteration: {projected:.3f}")
-    need = fixed / (per_batch / TARGET - train_per_batch) if per_batch / TARGET > train_per_batch else float("inf")
-    print(f"  batches/iteration needed for ratio {TARGET}: {need:.0f}" if need != float("inf") else
-          f"  ratio {TARGET} unreachable: the cell's training loop alone is slower than plain/{TARGET}")
+        with_loop = per_batch * b / (per_batch * b + extra_train / batches * b + fixed)
+        fixed_only = per_batch * b / (per_batch * b + fixed)
+        print(
+            f"  projected ratio at {b:3d} batches/iteration: {with_loop:.3f} "
+            f"(once-per-iteration work alone: {fixed_only:.3f})"
+        )
+    print(
+        f"  ratio ≥ {TARGET} needs ≥ {fixed / per_batch * TARGET / (1 - TARGET):.0f} batches/iteration "
+        f"even with a training loop as fast as plain"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,43 +390,68 @@ def main(argv: list[str] | None = None) -> int:
         "--batches",
         type=int,
         default=None,
-        help="batches per iteration (= per round); default 100, except dcgan on CPU: 4 (projected to 100)",
+        help="batches per iteration (= per round); default 100, except dcgan on CPU: 10 (projected to 100)",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per network (median reported)")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per network (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches (plus one cell iteration)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads; default 1 on CPU (see README: steadier under other jobs' load), "
+        "torch's default on CUDA; 0 = torch's default",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default=None,
+        help="seconds measured on: cpu = this process's CPU time (default on CPU: other jobs' load does "
+        "not inflate it), wall = wall clock (default on CUDA); the table shows the other clock's ratio too",
+    )
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="MNIST directory (test split)")
     parser.add_argument("--no-breakdown", action="store_true", help="time the cell with no wrappers at all")
     parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top ops of one cell iteration")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda, but torch.cuda.is_available() is False")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads if args.threads is not None else (0 if args.device.startswith("cuda") else 1)
+    if threads:
+        torch.set_num_threads(threads)
 
-    dataset, source = load_data(args.data_dir)
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    clock = args.clock or ("wall" if kind == "cuda" else "cpu")
+    other = "wall" if clock == "cpu" else "cpu"
+    dataset, source = load_data(args.data_dir)
     print(f"data: {source}")
     print(
         f"device: {args.device} (torch {torch.__version__}, {torch.get_num_threads()} threads); "
         f"3×3 grid, von Neumann, population 1, batch 100, fitness 100 samples, losses [bce], "
         f"mixture score_samples {make_config('mlp', 1, 100, 'cpu').training.mixture.score_samples}; "
-        f"{args.rounds} rounds, alternating plain/cell"
+        f"{args.rounds} rounds, alternating plain/cell; clock: {clock}"
     )
     results = []
     for network in args.network:
         batches = args.batches or DEFAULT_BATCHES[kind][network]
         print(f"{network}: {batches} batches per iteration", flush=True)
         results.append(
-            bench_network(network, batches, args.rounds, args.warmup, args.device, dataset, not args.no_breakdown)
+            bench_network(
+                network, batches, args.rounds, args.warmup, args.device, dataset, not args.no_breakdown, clock
+            )
         )
 
-    print(f"\n{'network':8} {'batches':>7} {'plain samples/s':>16} {'cell samples/s':>15} {'cell/plain':>11}")
+    print(
+        f"\n{'network':8} {'batches':>7} {'plain samples/s':>16} {'cell samples/s':>15} {'cell/plain':>11}"
+        f" {'rounds min–max':>15} {other + '-clock ratio':>17}"
+    )
     for r in results:
         flag = "" if r["ratio"] >= TARGET else "  below target"
-        print(f"{r['network']:8} {r['batches']:7d} {r['plain']:16.0f} {r['cell']:15.0f} {r['ratio']:11.3f}{flag}")
-    print(f"target ≥ {TARGET} (ratio: median of per-round plain_time/cell_time)")
+        spread = f"{r['ratio_min']:.2f}–{r['ratio_max']:.2f}"
+        print(
+            f"{r['network']:8} {r['batches']:7d} {r['plain']:16.0f} {r['cell']:15.0f} {r['ratio']:11.3f}"
+            f" {spread:>15} {r['other_ratio']:17.3f}{flag}"
+        )
+    print(f"target ≥ {TARGET}   (cell/plain: median over rounds of plain seconds / cell seconds, {clock} clock)")
     for r in results:
         if "phases" in r:
             print_breakdown(r)

@@ -11,13 +11,14 @@ from palomino.coevolution.mixture import MixtureScore, evolve_weights, propose
 BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # the documented kernel: Gaussians at these multiples of the median distance
 
 
-def direct_mmd2(fakes: list[np.ndarray], weights: np.ndarray, real: np.ndarray) -> float:
+def pooled_distances(fakes: list[np.ndarray], real: np.ndarray) -> np.ndarray:
+    pooled = np.concatenate([*fakes, real])
+    return np.sqrt(((pooled[:, None, :] - pooled[None, :, :]) ** 2).sum(-1))
+
+
+def direct_mmd2(fakes: list[np.ndarray], weights: np.ndarray, real: np.ndarray, widths: tuple[float, ...]) -> float:
     """Biased MMD² between the weighted mixture of the empirical components and the real samples,
     written out from its definition with explicit sums (no shared code with the module)."""
-    pooled = np.concatenate([*fakes, real])
-    distances = np.sqrt(((pooled[:, None, :] - pooled[None, :, :]) ** 2).sum(-1))
-    median = np.median(distances)
-    widths = [f * median for f in BANDWIDTH_FACTORS]
 
     def k(a: np.ndarray, b: np.ndarray) -> float:
         d2 = float(((a - b) ** 2).sum())
@@ -51,10 +52,21 @@ def test_score_equals_direct_weighted_mmd2(weights: list[float]) -> None:
     fakes, real = components(0), real_points(0)
     score = MixtureScore.from_samples(fakes, real)
     w = np.array(weights)
-    expected = direct_mmd2([f.double().numpy() for f in fakes], w, real.double().numpy())
+    expected = direct_mmd2([f.double().numpy() for f in fakes], w, real.double().numpy(), score.bandwidths)
     # Float32 distances are allowed (the module computes them so, for speed): tolerance to match.
     assert score(w) == pytest.approx(expected, rel=1e-4, abs=1e-5)
     assert score(w) > 0
+
+
+def test_bandwidths_are_the_documented_multiples_of_a_median_distance() -> None:
+    # The median comes from a subsample of the pairwise distances (for speed): it must sit in the
+    # middle of their distribution, and the kernels at the documented multiples of it.
+    fakes, real = components(0, m=40), real_points(0, n=60)
+    score = MixtureScore.from_samples(fakes, real)
+    median = score.bandwidths[-1] / BANDWIDTH_FACTORS[-1]
+    assert score.bandwidths == pytest.approx(tuple(f * median for f in BANDWIDTH_FACTORS))
+    distances = pooled_distances([f.double().numpy() for f in fakes], real.double().numpy())
+    assert np.quantile(distances, 0.4) < median < np.quantile(distances, 0.6)
 
 
 def test_score_takes_image_shaped_samples() -> None:
@@ -63,8 +75,9 @@ def test_score_takes_image_shaped_samples() -> None:
     real = torch.rand(9, 1, 2, 2, generator=g)
     w = np.array([0.25, 0.75])
     flat = [f.reshape(6, -1).double().numpy() for f in fakes]
-    assert MixtureScore.from_samples(fakes, real)(w) == pytest.approx(
-        direct_mmd2(flat, w, real.reshape(9, -1).double().numpy()), rel=1e-4, abs=1e-5
+    score = MixtureScore.from_samples(fakes, real)
+    assert score(w) == pytest.approx(
+        direct_mmd2(flat, w, real.reshape(9, -1).double().numpy(), score.bandwidths), rel=1e-4, abs=1e-5
     )
 
 

@@ -94,6 +94,7 @@ class Cell:
         self.mixture_weights: dict[str, float] = {str(self.coord): 1.0}
         self.score = float("nan")
         self._order = torch.randperm(len(self.data), generator=self._cpu_rng(), device="cpu")
+        self._order_on_device = self._order.to(self.device)  # moved once per epoch, not per batch
         self._cursor = 0
 
     # ---- construction -------------------------------------------------------------------
@@ -124,8 +125,9 @@ class Cell:
         size = min(self.config.training.batch_size, len(self.data))
         if self._cursor + size > len(self._order):
             self._order = torch.randperm(len(self.data), generator=self._cpu_rng())
+            self._order_on_device = self._order.to(self.device)
             self._cursor = 0
-        index = self._order[self._cursor : self._cursor + size].to(self.device)
+        index = self._order_on_device[self._cursor : self._cursor + size]
         self._cursor += size
         return self.data[index]
 
@@ -175,7 +177,7 @@ class Cell:
         z_fit = self._noise(training.fitness.sample_size)
         real_fit = self._random_real(training.fitness.sample_size)
         fakes = self._generate(all_g, z_fit)
-        g_table, d_table = loss_table(fakes, [d.network for d in all_d], real_fit, self.fitness_loss)
+        g_table, d_table, d_reals = loss_table(fakes, [d.network for d in all_d], real_fit, self.fitness_loss)
         mode = training.fitness.mode
         for ind, value in zip(all_g, aggregate(g_table, mode, dim=1).tolist()):
             ind.fitness = value
@@ -197,8 +199,9 @@ class Cell:
 
         # Re-evaluate the trained individuals against the neighbourhood, then replace the worst.
         new_fakes = self._generate(new_g, z_fit)
-        g_new_table, _ = loss_table(new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss)
-        _, d_new_table = loss_table(fakes, [d.network for d in new_d], real_fit, self.fitness_loss)
+        # The neighbourhood's discriminators have not changed since: reuse their logits on real data.
+        g_new_table, _, _ = loss_table(new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss, d_reals)
+        _, d_new_table, _ = loss_table(fakes, [d.network for d in new_d], real_fit, self.fitness_loss)
         for ind, value in zip(new_g, aggregate(g_new_table, mode, dim=1).tolist()):
             ind.fitness, ind.origin = value, str(self.coord)
         for ind, value in zip(new_d, aggregate(d_new_table, mode, dim=0).tolist()):
@@ -236,9 +239,9 @@ class Cell:
         return report
 
     @staticmethod
-    def _summary(best: Individual, losses: list[float]) -> dict[str, float]:
+    def _summary(best: Individual, losses: list[torch.Tensor]) -> dict[str, float]:
         return {
-            "loss": float(np.mean(losses)) if losses else float("nan"),
+            "loss": float(torch.stack(losses).mean()) if losses else float("nan"),
             "fitness": best.fitness,
             "learning_rate": best.learning_rate,
         }
@@ -253,20 +256,24 @@ class Cell:
         new_d: list[Individual],
         foreign_g: list[Individual],
         foreign_d: list[Individual],
-    ) -> tuple[Counter[str], list[float], list[float]]:
+    ) -> tuple[Counter[str], list[torch.Tensor], list[torch.Tensor]]:
         """Each batch: every new generator steps against a random neighbourhood discriminator,
-        then every new discriminator against a random neighbourhood generator (Lipizzaner's order)."""
+        then every new discriminator against a random neighbourhood generator (Lipizzaner's order).
+
+        Step losses stay on the device (no per-step synchronisation); they are averaged once."""
         training = self.config.training
         opponents_d = [*new_d, *foreign_d]
         opponents_g = [*new_g, *foreign_g]
+        params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
+        losses = {name: get_loss(name) for name in training.losses}
         losses_used: Counter[str] = Counter()
-        g_losses: list[float] = []
-        d_losses: list[float] = []
+        g_losses: list[torch.Tensor] = []
+        d_losses: list[torch.Tensor] = []
         skip = training.discriminator_skip_each_nth_step
         for step in range(self._batches_per_iteration()):
             real = self._next_batch()
             loss_name = training.losses[int(self.rng.integers(len(training.losses)))]
-            loss = get_loss(loss_name)
+            loss = losses[loss_name]
             losses_used[loss_name] += 1
             # WGAN-GP: the critic takes n_critic steps per generator step.
             if loss_name != "wgan_gp" or step % training.n_critic == 0:
@@ -276,10 +283,10 @@ class Cell:
                     fake = ind.network(self._noise(real.shape[0]))
                     value = loss.generator(opponent(fake))
                     ind.optimizer.zero_grad(set_to_none=True)
-                    value.backward(inputs=list(ind.network.parameters()))
+                    value.backward(inputs=params[id(ind)])
                     ind.optimizer.step()
                     ind.loss = loss_name
-                    g_losses.append(value.item())
+                    g_losses.append(value.detach())
             if skip == 0 or step % (skip + 1) == 0:
                 for ind in new_d:
                     self._mutate(ind)
@@ -288,10 +295,10 @@ class Cell:
                         fake = opponent(self._noise(real.shape[0]))
                     value = loss.discriminator(ind.network, real, fake, generator=self.torch_rng)
                     ind.optimizer.zero_grad(set_to_none=True)
-                    value.backward(inputs=list(ind.network.parameters()))
+                    value.backward(inputs=params[id(ind)])
                     ind.optimizer.step()
                     ind.loss = loss_name
-                    d_losses.append(value.item())
+                    d_losses.append(value.detach())
         return losses_used, g_losses, d_losses
 
     def _mutate(self, ind: Individual) -> None:
@@ -393,6 +400,7 @@ class Cell:
         self.iteration = int(meta["iteration"])
         self._cursor = int(meta["cursor"])
         self._order = tensors["data.order"].clone()
+        self._order_on_device = self._order.to(self.device)
         self.torch_rng.set_state(tensors["rng.torch"])
         self.rng.bit_generator.state = meta["rng"]
         self.mixture_weights = {str(k): float(v) for k, v in meta["mixture"].items()}

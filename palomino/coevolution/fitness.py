@@ -29,14 +29,17 @@ def loss_table(
     discriminators: Sequence[nn.Module],
     real: torch.Tensor,
     loss: GanLoss,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(G×D generator losses, G×D discriminator losses) for generated sets `fakes` vs `discriminators`."""
-    g_table = torch.empty(len(fakes), len(discriminators))
-    d_table = torch.empty(len(fakes), len(discriminators))
-    for j, discriminator in enumerate(discriminators):
-        d_real = discriminator(real)
-        for i, fake in enumerate(fakes):
-            d_fake = discriminator(fake)
-            g_table[i, j] = loss.generator(d_fake)
-            d_table[i, j] = loss.discriminator_from_logits(d_real, d_fake)
-    return g_table, d_table
+    d_reals: Sequence[torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(G×D generator losses, G×D discriminator losses, each D's logits on `real`).
+
+    `d_reals` passes in logits already computed for these discriminators on `real`.
+    Tables are built on the device and moved once: no synchronisation per pair.
+    """
+    d_reals = list(d_reals) if d_reals is not None else [d(real) for d in discriminators]
+    g_rows, d_rows = [], []
+    for fake in fakes:
+        d_fakes = [d(fake) for d in discriminators]
+        g_rows.append(torch.stack([loss.generator(f) for f in d_fakes]))
+        d_rows.append(torch.stack([loss.discriminator_from_logits(r, f) for r, f in zip(d_reals, d_fakes)]))
+    return torch.stack(g_rows).cpu(), torch.stack(d_rows).cpu(), d_reals

@@ -16,6 +16,10 @@ import torch
 _BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
 
 
+def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist").pow(2).clamp_min(0)
+
+
 def _kernel(d2: torch.Tensor, bandwidths: list[float]) -> torch.Tensor:
     # Back on the CPU in float64: the ES evaluates the quadratic form there, with numpy weights.
     return (sum(torch.exp(-d2 / (2 * h * h)) for h in bandwidths) / len(bandwidths)).double().cpu()
@@ -30,6 +34,7 @@ class MixtureScore:
     k_real_mean: float
     components: int
     per_component: int
+    bandwidths: tuple[float, ...]
 
     @classmethod
     def from_samples(cls, fakes: list[torch.Tensor], real: torch.Tensor) -> MixtureScore:
@@ -37,19 +42,21 @@ class MixtureScore:
         per_component = fakes[0].shape[0]
         x = torch.cat([f.reshape(per_component, -1) for f in fakes]).float()
         y = real.reshape(real.shape[0], -1).float()
-        # One distance matrix over the pooled samples (float32: the cost is here); the
-        # quadratic form in the weights is then evaluated in float64.
-        pooled = torch.cat([x, y])
-        d2 = torch.cdist(pooled, pooled, compute_mode="use_mm_for_euclid_dist").pow(2).clamp_min(0)
-        median = float(d2.median().clamp_min(1e-12).sqrt())
+        # Distances in float32 (the cost is here), three blocks (real-vs-fake is the transpose of
+        # fake-vs-real); the quadratic form in the weights is then evaluated in float64.
+        xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
+        # Median heuristic on a strided subsample: the median of a million entries costs more
+        # than the kernels, and a few thousand pin it down.
+        pooled = torch.cat([xx.flatten(), xy.flatten(), yy.flatten()])
+        median = float(pooled[:: max(1, len(pooled) // 4096)].median().clamp_min(1e-12).sqrt())
         bandwidths = [median * factor for factor in _BANDWIDTH_FACTORS]
-        n = len(x)
         return cls(
-            k_fake=_kernel(d2[:n, :n], bandwidths),
-            k_cross_mean=_kernel(d2[:n, n:], bandwidths).mean(dim=1),
-            k_real_mean=float(_kernel(d2[n:, n:], bandwidths).mean()),
+            k_fake=_kernel(xx, bandwidths),
+            k_cross_mean=_kernel(xy, bandwidths).mean(dim=1),
+            k_real_mean=float(_kernel(yy, bandwidths).mean()),
             components=len(fakes),
             per_component=per_component,
+            bandwidths=tuple(bandwidths),
         )
 
     def __call__(self, weights: np.ndarray) -> float:

@@ -30,7 +30,7 @@ class FitnessConfig(_Strict):
 class MixtureConfig(_Strict):
     sigma: float = Field(0.01, gt=0, description="std of the (1+1)-ES Gaussian step on mixture weights")
     score_samples: int = Field(
-        500, ge=10, description="samples drawn per iteration for the in-cell mixture score (kernel MMD)"
+        256, ge=10, description="samples drawn per iteration for the in-cell mixture score (kernel MMD)"
     )
     es_steps: int = Field(1, ge=0, description="(1+1)-ES steps per iteration")
 
