@@ -17,6 +17,7 @@ class GanLoss:
     """A generator loss and a discriminator loss; stateless, so one instance serves every cell."""
 
     name: str
+    gp_weight: float = 0.0  # weight of a gradient penalty on D; 0 = none
 
     def generator(self, d_fake: Tensor) -> Tensor:
         """Generator's loss from D's logits on its samples (B,) → scalar."""
@@ -40,7 +41,11 @@ class GanLoss:
         `penalty=False` skips any gradient penalty (cheap fitness evaluation); `generator`
         seeds the penalty's randomness (WGAN-GP's interpolation), for deterministic runs.
         """
-        return self.discriminator_from_logits(D(real), D(fake.detach()))
+        fake = fake.detach()
+        loss = self.discriminator_from_logits(D(real), D(fake))
+        if penalty and self.gp_weight:
+            loss = loss + self.gp_weight * gradient_penalty(D, real, fake, generator=generator)
+        return loss
 
 
 class BCELoss(GanLoss):
@@ -87,21 +92,6 @@ class WGANGPLoss(GanLoss):
 
     def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
         return d_fake.mean() - d_real.mean()
-
-    def discriminator(
-        self,
-        D: nn.Module,
-        real: Tensor,
-        fake: Tensor,
-        *,
-        penalty: bool = True,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        fake = fake.detach()
-        loss = self.discriminator_from_logits(D(real), D(fake))
-        if penalty:
-            loss = loss + self.gp_weight * gradient_penalty(D, real, fake, generator=generator)
-        return loss
 
 
 def gradient_penalty(D: nn.Module, real: Tensor, fake: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
