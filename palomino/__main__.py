@@ -1,0 +1,5 @@
+"""`python -m palomino` = the `palomino` command."""
+
+from palomino.cli import run
+
+run()
