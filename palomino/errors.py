@@ -15,3 +15,7 @@ class DatasetError(PalominoError):
 
 class SnapshotError(PalominoError):
     """A snapshot or checkpoint body is malformed, oversized or fails its checksum."""
+
+
+class TransportError(PalominoError):
+    """The broker or Redis cannot be reached or refused us; the message names the URL."""

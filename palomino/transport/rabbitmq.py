@@ -1,0 +1,157 @@
+"""SnapshotBus over RabbitMQ (aio-pika): topic exchange `palomino.snapshots`, keys `exp.<exp>.cell.<r>.<c>`.
+
+A cell consumes from its own queue bound to exactly its neighbours' keys, with manual
+acks and a bounded prefetch. Bodies that fail to decode, belong to another experiment or
+fail the caller's validator are rejected without requeue, so RabbitMQ dead-letters them
+to `palomino.dead` → queue `palomino.dead-letters`; the consumer logs them and goes on.
+The connection is robust: after a broker restart it reconnects and re-declares its
+exchange, queue, bindings and consumer; publishes are retried until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Callable, Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aiormq.exceptions import AMQPError
+
+from palomino.errors import SnapshotError, TransportError
+from palomino.grid import Coord
+from palomino.transport.store import SnapshotStore
+from palomino.wire import DEFAULT_MAX_BYTES, Snapshot, decode_snapshot, encode_snapshot
+
+log = logging.getLogger(__name__)
+
+EXCHANGE = "palomino.snapshots"
+DEAD_EXCHANGE = "palomino.dead"
+DEAD_QUEUE = "palomino.dead-letters"
+CONTENT_TYPE = "application/vnd.palomino.snapshot+safetensors"
+
+
+def routing_key(experiment: str, coord: Coord) -> str:
+    return f"exp.{experiment}.cell.{coord[0]}.{coord[1]}"
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
+    """A robust connection, or a TransportError that names the (redacted) URL and the cause."""
+    try:
+        return await aio_pika.connect_robust(url, timeout=timeout)
+    except (OSError, AMQPError, asyncio.TimeoutError, ValueError) as error:
+        cause = str(error) or type(error).__name__
+        raise TransportError(
+            f"cannot connect to RabbitMQ at {redact(url)}: {cause} "
+            "(check --broker / PALOMINO_BROKER_URL, e.g. amqp://guest:guest@127.0.0.1:5672/)"
+        ) from None
+
+
+class RabbitSnapshotBus:
+    def __init__(
+        self,
+        url: str,
+        experiment: str,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        prefetch: int = 8,
+        validator: Callable[[Snapshot], None] | None = None,
+        publish_timeout: float = 120.0,
+    ) -> None:
+        self.url, self.experiment, self.max_bytes = url, experiment, max_bytes
+        self.prefetch, self.validator, self.publish_timeout = prefetch, validator, publish_timeout
+        self._store = SnapshotStore()
+        self._bound: set[Coord] = set()
+        self._epoch = -1
+        self.rejected = 0  # bodies dead-lettered so far (for tests and metrics)
+        self._connection: AbstractRobustConnection | None = None
+
+    async def connect(self) -> RabbitSnapshotBus:
+        self._connection = await connect(self.url)
+        channel = await self._connection.channel(publisher_confirms=True)
+        await channel.set_qos(prefetch_count=self.prefetch)
+        self._exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+        dead = await channel.declare_exchange(DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
+        dead_queue = await channel.declare_queue(DEAD_QUEUE, durable=True, arguments={"x-max-length": 1000})
+        await dead_queue.bind(dead)
+        self._queue = await channel.declare_queue(
+            f"palomino.cell.{self.experiment}.{secrets.token_hex(4)}",
+            exclusive=True,
+            arguments={"x-dead-letter-exchange": DEAD_EXCHANGE, "x-max-length": 256},
+        )
+        await self._queue.consume(self._on_message)
+        return self
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+    async def __aenter__(self) -> RabbitSnapshotBus:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def bind(self, neighbours: Iterable[Coord], epoch: int) -> None:
+        wanted = {Coord(*c) for c in neighbours}
+        for coord in self._bound - wanted:
+            await self._queue.unbind(self._exchange, routing_key(self.experiment, coord))
+            self._store.forget(coord)
+        for coord in wanted - self._bound:
+            await self._queue.bind(self._exchange, routing_key(self.experiment, coord))
+        self._bound, self._epoch = wanted, epoch
+
+    async def publish(self, snapshot: Snapshot) -> None:
+        body = encode_snapshot(snapshot)
+        if len(body) > self.max_bytes:
+            raise SnapshotError(f"snapshot of {len(body)} bytes exceeds the limit of {self.max_bytes} bytes")
+        message = aio_pika.Message(body, content_type=CONTENT_TYPE, type="snapshot", headers={"version": 1})
+        key = routing_key(self.experiment, Coord(*snapshot.header.cell))
+        deadline = asyncio.get_running_loop().time() + self.publish_timeout
+        while True:  # across a broker restart the robust connection comes back; until then, retry
+            try:
+                await self._exchange.publish(message, routing_key=key)
+                return
+            except (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError) as error:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TransportError(f"cannot publish to RabbitMQ at {redact(self.url)}: {error}") from None
+                log.warning("publish failed (%s); retrying", error or type(error).__name__)
+                await asyncio.sleep(0.5)
+
+    async def newest(self, coord: Coord) -> Snapshot | None:
+        return self._store.newest(coord)
+
+    async def wait(self, coord: Coord, iteration: int, timeout: float | None = None) -> Snapshot:
+        return await self._store.wait(coord, iteration, timeout)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        try:
+            snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
+            if snapshot.header.experiment != self.experiment:
+                raise SnapshotError(f"snapshot of experiment {snapshot.header.experiment!r}, expected {self.experiment!r}")
+            if Coord(*snapshot.header.cell) not in self._bound:
+                await message.ack()  # from a binding just removed: stale, not malformed
+                return
+            if self.validator is not None:
+                try:
+                    self.validator(snapshot)
+                except ValueError as error:
+                    raise SnapshotError(f"snapshot does not fit this cell: {error}") from None
+        except SnapshotError as error:
+            self.rejected += 1
+            log.warning("dead-lettering a message on %s: %s", message.routing_key, error)
+            await message.reject(requeue=False)
+            return
+        await self._store.put(snapshot)
+        await message.ack()

@@ -1,0 +1,43 @@
+"""Liveness over Redis (redis.asyncio): `palomino:worker:<id>` keys that expire unless refreshed."""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from palomino.errors import TransportError
+from palomino.transport.rabbitmq import redact
+
+PREFIX = "palomino:worker:"
+
+
+class RedisLiveness:
+    def __init__(self, url: str, prefix: str = PREFIX) -> None:
+        self.url, self.prefix = url, prefix
+        self._redis = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+    async def heartbeat(self, worker: str, ttl: float) -> None:
+        try:
+            await self._redis.set(self.prefix + worker, repr(time.time()), px=max(1, int(ttl * 1000)))
+        except (RedisError, OSError) as error:
+            raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
+
+    async def alive(self) -> set[str]:
+        """Workers whose key has not expired. Raises TransportError when Redis is unreachable:
+        an unknown answer must never be read as 'everyone is dead'."""
+        try:
+            keys = [key async for key in self._redis.scan_iter(match=self.prefix + "*", count=500)]
+        except (RedisError, OSError) as error:
+            raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
+        return {(k.decode() if isinstance(k, bytes) else k)[len(self.prefix) :] for k in keys}
+
+    async def forget(self, worker: str) -> None:
+        try:
+            await self._redis.delete(self.prefix + worker)
+        except (RedisError, OSError) as error:
+            raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,118 @@
+"""The RabbitMQ SnapshotBus and Redis Liveness adapters against this machine's real broker and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import struct
+
+import aio_pika
+import pytest
+import torch
+
+from palomino.errors import TransportError
+from palomino.grid import Coord
+from palomino.transport.rabbitmq import EXCHANGE, RabbitSnapshotBus, routing_key
+from palomino.transport.redis_liveness import RedisLiveness
+from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader, encode_snapshot
+
+BROKER = os.environ.get("PALOMINO_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
+REDIS = os.environ.get("PALOMINO_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def snapshot(experiment: str, cell: tuple[int, int], iteration: int, size: int = 4) -> Snapshot:
+    meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="bce")
+    header = SnapshotHeader(experiment=experiment, cell=cell, iteration=iteration, generator=meta, discriminator=meta)
+    return Snapshot(header, {"generator.net.w": torch.arange(size, dtype=torch.float32) + iteration})
+
+
+async def raw_publish(body: bytes, key: str) -> None:
+    connection = await aio_pika.connect(BROKER)
+    async with connection:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(EXCHANGE)
+        await exchange.publish(aio_pika.Message(body), routing_key=key)
+
+
+@pytest.fixture
+def experiment() -> str:
+    return f"test-{secrets.token_hex(4)}"
+
+
+async def test_a_published_snapshot_reaches_the_neighbour_that_binds_it(experiment: str) -> None:
+    async with RabbitSnapshotBus(BROKER, experiment) as sender, RabbitSnapshotBus(BROKER, experiment) as receiver:
+        await receiver.bind([Coord(0, 1)], epoch=0)
+        await sender.publish(snapshot(experiment, (0, 1), 3))
+        got = await receiver.wait(Coord(0, 1), 3, timeout=10)
+        assert got.iteration == 3 and torch.equal(got.tensors["generator.net.w"], torch.arange(4.0) + 3)
+        assert (await receiver.newest(Coord(0, 1))).iteration == 3
+        assert await receiver.newest(Coord(1, 1)) is None
+
+
+async def test_bad_messages_are_dead_lettered_and_training_goes_on(experiment: str) -> None:
+    async with RabbitSnapshotBus(BROKER, experiment, max_bytes=4096) as receiver:
+        await receiver.bind([Coord(0, 1)], epoch=0)
+        key = routing_key(experiment, Coord(0, 1))
+        good = encode_snapshot(snapshot(experiment, (0, 1), 1))
+        await raw_publish(b"garbage, not a snapshot", key)
+        await raw_publish(good[: len(good) // 2], key)  # truncated
+        await raw_publish(encode_snapshot(snapshot(experiment, (0, 1), 2, size=4096)), key)  # oversized
+        await raw_publish(encode_snapshot(snapshot("someone-else", (0, 1), 2)), key)  # wrong experiment
+        await raw_publish(struct.pack("<Q", 10**9) + good[8:], key)  # impossible header length
+        await raw_publish(good, key)
+        got = await receiver.wait(Coord(0, 1), 1, timeout=10)
+        assert got.iteration == 1
+        assert receiver.rejected == 5
+
+
+async def test_a_validator_rejects_snapshots_that_do_not_fit(experiment: str) -> None:
+    def fits(s: Snapshot) -> None:
+        if s.tensors["generator.net.w"].shape != (4,):
+            raise ValueError("generator.net.w: wrong shape")
+
+    async with RabbitSnapshotBus(BROKER, experiment, validator=fits) as receiver, RabbitSnapshotBus(BROKER, experiment) as sender:
+        await receiver.bind([Coord(1, 0)], epoch=0)
+        await sender.publish(snapshot(experiment, (1, 0), 1, size=5))
+        await sender.publish(snapshot(experiment, (1, 0), 2, size=4))
+        assert (await receiver.wait(Coord(1, 0), 2, timeout=10)).iteration == 2
+        assert receiver.rejected == 1
+
+
+async def test_rebinding_follows_the_new_neighbours_only(experiment: str) -> None:
+    async with RabbitSnapshotBus(BROKER, experiment) as sender, RabbitSnapshotBus(BROKER, experiment) as receiver:
+        await receiver.bind([Coord(0, 1)], epoch=0)
+        await receiver.bind([Coord(1, 1)], epoch=1)
+        await sender.publish(snapshot(experiment, (0, 1), 5))
+        await sender.publish(snapshot(experiment, (1, 1), 6))
+        assert (await receiver.wait(Coord(1, 1), 6, timeout=10)).iteration == 6
+        await asyncio.sleep(0.2)
+        assert await receiver.newest(Coord(0, 1)) is None
+
+
+async def test_a_bad_broker_url_is_a_clear_error() -> None:
+    with pytest.raises(TransportError, match=r"cannot connect to RabbitMQ at amqp://guest:\*\*\*@127.0.0.1:1/"):
+        await RabbitSnapshotBus("amqp://guest:secret@127.0.0.1:1/", "x").connect()
+
+
+async def test_liveness_keys_expire_unless_refreshed() -> None:
+    liveness = RedisLiveness(REDIS, prefix=f"palomino:test:{secrets.token_hex(4)}:")
+    try:
+        await liveness.heartbeat("a", ttl=0.4)
+        await liveness.heartbeat("b", ttl=5)
+        assert await liveness.alive() == {"a", "b"}
+        await asyncio.sleep(0.6)
+        assert await liveness.alive() == {"b"}
+        await liveness.forget("b")
+        assert await liveness.alive() == set()
+    finally:
+        await liveness.close()
+
+
+async def test_unreachable_redis_is_an_error_not_an_empty_set() -> None:
+    liveness = RedisLiveness("redis://127.0.0.1:1/0")
+    try:
+        with pytest.raises(TransportError, match="cannot reach Redis at redis://127.0.0.1:1/0"):
+            await liveness.alive()
+    finally:
+        await liveness.close()
