@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from palomino.grid import Coord
 from palomino.wire import Snapshot

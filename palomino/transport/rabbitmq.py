@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
 from aiormq.exceptions import AMQPError
 
 from palomino.errors import SnapshotError, TransportError
@@ -56,6 +56,20 @@ async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
             f"cannot connect to RabbitMQ at {redact(url)}: {cause} "
             "(check --broker / PALOMINO_BROKER_URL, e.g. amqp://guest:guest@127.0.0.1:5672/)"
         ) from None
+
+
+async def publish_with_retry(exchange: AbstractExchange, message: aio_pika.Message, key: str, url: str, timeout: float) -> None:
+    """Publish (confirmed); across a broker restart the robust connection comes back, so retry until `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await exchange.publish(message, routing_key=key)
+            return
+        except (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError) as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TransportError(f"cannot publish to RabbitMQ at {redact(url)}: {error}") from None
+            log.warning("publish failed (%s); retrying", error or type(error).__name__)
+            await asyncio.sleep(0.5)
 
 
 class RabbitSnapshotBus:
@@ -118,16 +132,7 @@ class RabbitSnapshotBus:
             raise SnapshotError(f"snapshot of {len(body)} bytes exceeds the limit of {self.max_bytes} bytes")
         message = aio_pika.Message(body, content_type=CONTENT_TYPE, type="snapshot", headers={"version": 1})
         key = routing_key(self.experiment, Coord(*snapshot.header.cell))
-        deadline = asyncio.get_running_loop().time() + self.publish_timeout
-        while True:  # across a broker restart the robust connection comes back; until then, retry
-            try:
-                await self._exchange.publish(message, routing_key=key)
-                return
-            except (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError) as error:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise TransportError(f"cannot publish to RabbitMQ at {redact(self.url)}: {error}") from None
-                log.warning("publish failed (%s); retrying", error or type(error).__name__)
-                await asyncio.sleep(0.5)
+        await publish_with_retry(self._exchange, message, key, self.url, self.publish_timeout)
 
     async def newest(self, coord: Coord) -> Snapshot | None:
         return self._store.newest(coord)

@@ -7,16 +7,15 @@ the frame, then the header's schema, then the tensors, before a single one is tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from safetensors import SafetensorError
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
 
 from palomino.errors import SnapshotError
 from palomino.wire import frame
+
+if TYPE_CHECKING:  # torch loads only where tensors are (de)coded: torch-free services import this module
+    import torch
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
@@ -55,6 +54,8 @@ class Snapshot:
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
+    from safetensors.torch import save as save_tensors
+
     payload = save_tensors({k: v.detach().contiguous().cpu() for k, v in snapshot.tensors.items()})
     return frame.pack(snapshot.header.model_dump(mode="json", exclude={"checksum", "payload_bytes"}), payload)
 
@@ -67,6 +68,9 @@ def decode_snapshot(body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snaps
         first = error.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "<root>"
         raise SnapshotError(f"snapshot header is invalid: {field}: {first['msg']}") from None
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_tensors
+
     try:
         tensors = load_tensors(payload)
     except (SafetensorError, ValueError) as error:

@@ -1,0 +1,92 @@
+"""The control plane over RabbitMQ: direct exchange `palomino.control`, and events on `palomino.events`.
+
+Addresses are routing keys: `orchestrator`, or `cell.<worker>`. The orchestrator's queue
+is durable (messages wait across its restart); a cell's is exclusive to its connection.
+Malformed bodies are dead-lettered and logged; the listener keeps going.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+
+from palomino.errors import SnapshotError
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, DEAD_QUEUE, connect, publish_with_retry
+from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
+
+log = logging.getLogger(__name__)
+
+CONTROL_EXCHANGE = "palomino.control"
+EVENTS_EXCHANGE = "palomino.events"
+ORCHESTRATOR = "orchestrator"
+
+Handler = Callable[[ControlMessage, bytes], Awaitable[None]]
+
+
+def cell_address(worker: str) -> str:
+    return f"cell.{worker}"
+
+
+class ControlChannel:
+    def __init__(self, url: str, address: str, *, publish_timeout: float = 120.0) -> None:
+        self.url, self.address, self.publish_timeout = url, address, publish_timeout
+        self.rejected = 0
+        self._connection = None
+
+    async def connect(self) -> ControlChannel:
+        self._connection = await connect(self.url)
+        channel = await self._connection.channel(publisher_confirms=True)
+        await channel.set_qos(prefetch_count=32)
+        self._exchange = await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
+        self._events = await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+        dead = await channel.declare_exchange(DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
+        dead_queue = await channel.declare_queue(DEAD_QUEUE, durable=True, arguments={"x-max-length": 1000})
+        await dead_queue.bind(dead)
+        durable = self.address == ORCHESTRATOR
+        self._queue = await channel.declare_queue(
+            f"palomino.{self.address}",
+            durable=durable,
+            exclusive=not durable,
+            arguments={"x-dead-letter-exchange": DEAD_EXCHANGE},
+        )
+        await self._queue.bind(self._exchange, routing_key=self.address)
+        return self
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+    async def listen(self, handler: Handler) -> None:
+        """Deliver every valid message to `handler`; ack after it returns (so a crash redelivers)."""
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            try:
+                decoded, payload = decode_control(message.body, max_bytes=CONTROL_MAX_BYTES)
+            except SnapshotError as error:
+                self.rejected += 1
+                log.warning("dead-lettering a control message to %s: %s", self.address, error)
+                await message.reject(requeue=False)
+                return
+            try:
+                await handler(decoded, payload)
+            except Exception:  # a handler bug must not kill the consumer: log, dead-letter, go on
+                log.exception("handling %s failed; dead-lettering it", decoded.kind)
+                await message.reject(requeue=False)
+                return
+            await message.ack()
+
+        await self._queue.consume(on_message)
+
+    async def send(self, to: str, message: Any, payload: bytes = b"") -> None:
+        body = encode_control(message, payload)
+        await publish_with_retry(self._exchange, aio_pika.Message(body, type=message.kind), to, self.url, self.publish_timeout)
+
+    async def event(self, experiment: str, kind: str, body: dict[str, Any]) -> None:
+        """A JSON event on `palomino.events`, key `exp.<exp>.<kind>` (dashboards follow these)."""
+        data = json.dumps({"experiment": experiment, "kind": kind, **body}, allow_nan=False, default=str).encode()
+        message = aio_pika.Message(data, content_type="application/json", type=kind)
+        await publish_with_retry(self._events, message, f"exp.{experiment}.{kind}", self.url, self.publish_timeout)

@@ -1,0 +1,132 @@
+"""Control messages between cells and the orchestrator (exchange `palomino.control`).
+
+Each is a versioned pydantic model, framed like a snapshot (JSON header + checksummed
+payload); `kind` tells them apart. Payloads: an assignment's checkpoint (safetensors),
+a checkpoint, a PNG of samples, a finished cell's mixture (safetensors).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from palomino.errors import SnapshotError
+from palomino.wire import frame
+
+CONTROL_MAX_BYTES = 256 * 1024 * 1024  # checkpoints of large networks travel here
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1] = 1
+
+
+class Register(_Message):
+    kind: Literal["register"] = "register"
+    worker: str
+    host: str = ""
+    pid: int = 0
+    device: str = "cpu"
+
+
+class Assign(_Message):
+    """Train cell `coord` of a rows×cols grid; the payload, if any, is the checkpoint to restore."""
+
+    kind: Literal["assign"] = "assign"
+    experiment: str
+    worker: str
+    config: dict[str, Any]
+    coord: tuple[int, int]
+    rows: int
+    cols: int
+    epoch: int
+    restore_meta: dict[str, Any] | None = None
+
+
+class Resize(_Message):
+    """A new layout: move to `coord` of a rows×cols grid (epoch increases), or become a spare."""
+
+    kind: Literal["resize"] = "resize"
+    experiment: str
+    worker: str
+    coord: tuple[int, int] | None
+    rows: int
+    cols: int
+    epoch: int
+
+
+class Stop(_Message):
+    kind: Literal["stop"] = "stop"
+    experiment: str
+    reason: str = ""
+
+
+class Metrics(_Message):
+    kind: Literal["metrics"] = "metrics"
+    experiment: str
+    worker: str
+    record: dict[str, Any]
+
+
+class Samples(_Message):
+    """Payload: a PNG."""
+
+    kind: Literal["samples"] = "samples"
+    experiment: str
+    coord: tuple[int, int]
+    iteration: int
+
+
+class Checkpoint(_Message):
+    """Payload: the cell's state as safetensors; `meta` is its JSON side."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    experiment: str
+    coord: tuple[int, int]
+    iteration: int
+    meta: dict[str, Any]
+
+
+class Done(_Message):
+    """A cell finished; payload: its neighbourhood mixture (safetensors), `mixture` its JSON side."""
+
+    kind: Literal["done"] = "done"
+    experiment: str
+    worker: str
+    coord: tuple[int, int]
+    iteration: int
+    score: float
+    mixture: dict[str, Any]
+    samples_png: str = Field("", description="base64 PNG of the mixture's samples")
+
+
+class Failed(_Message):
+    """A cell cannot go on (e.g. its data is missing); the orchestrator records why."""
+
+    kind: Literal["failed"] = "failed"
+    experiment: str
+    worker: str
+    reason: str
+
+
+ControlMessage = Annotated[
+    Union[Register, Assign, Resize, Stop, Metrics, Samples, Checkpoint, Done, Failed], Field(discriminator="kind")
+]
+_ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
+
+
+def encode_control(message: _Message, payload: bytes = b"") -> bytes:
+    return frame.pack(message.model_dump(mode="json"), payload)
+
+
+def decode_control(body: bytes, *, max_bytes: int = CONTROL_MAX_BYTES) -> tuple[ControlMessage, bytes]:
+    raw, payload = frame.unpack(body, max_bytes=max_bytes, what="control message")
+    raw.pop("checksum", None)
+    raw.pop("payload_bytes", None)
+    try:
+        return _ADAPTER.validate_python(raw), payload
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "<root>"
+        raise SnapshotError(f"control message is invalid: {field}: {first['msg']}") from None
