@@ -1,0 +1,16 @@
+"""The run directory and the loops that fill it.
+
+Only the torch-free parts load eagerly (the orchestrator imports this package without torch).
+"""
+
+from palomino.runs.directory import RunDirectory, read_jsonl
+
+__all__ = ["Mixture", "RunDirectory", "read_jsonl"]
+
+
+def __getattr__(name: str):
+    if name == "Mixture":  # torch: loaded on first use only
+        from palomino.runs.mixture import Mixture
+
+        return Mixture
+    raise AttributeError(name)

@@ -1,0 +1,133 @@
+"""The run directory: the contract between the engine, services, CLI, dashboard and tests.
+
+    <run>/config.yaml  topology.jsonl  metrics.jsonl  samples/<r>-<c>/  checkpoints/<r>-<c>/  result/
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from palomino.config import ExperimentConfig, dump_config, load_config
+from palomino.errors import ConfigError
+from palomino.grid import Coord, Topology
+from palomino.runs.checkpoints import atomic_write
+
+log = logging.getLogger(__name__)
+
+
+def new_experiment_id(name: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; a torn last line (a killed writer) is skipped."""
+    if not path.exists():
+        return
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError:
+                log.warning("%s:%d: skipping a malformed line", path, number)
+
+
+class RunDirectory:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, out: Path, config: ExperimentConfig) -> RunDirectory:
+        run = cls(Path(out) / new_experiment_id(config.name))
+        run.path.mkdir(parents=True)
+        atomic_write(run.config_path, dump_config(config).encode())
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDirectory:
+        run = cls(path)
+        if not run.config_path.is_file():
+            raise ConfigError(f"--resume {path}: not a run directory (no config.yaml in it)")
+        return run
+
+    @property
+    def experiment(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def topology_path(self) -> Path:
+        return self.path / "topology.jsonl"
+
+    @property
+    def result_dir(self) -> Path:
+        return self.path / "result"
+
+    def load_config(self) -> ExperimentConfig:
+        return load_config(self.config_path)
+
+    def checkpoint_dir(self, coord: Coord) -> Path:
+        return self.path / "checkpoints" / str(coord)
+
+    def samples_dir(self, coord: Coord) -> Path:
+        return self.path / "samples" / str(coord)
+
+    def _append(self, path: Path, record: dict[str, Any]) -> None:
+        with open(path, "a") as handle:
+            handle.write(json.dumps(_finite(record), allow_nan=False, default=_jsonable) + "\n")
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        self._append(self.metrics_path, record)
+
+    def append_topology(self, topology: Topology, assignment: dict[str, str]) -> None:
+        self._append(
+            self.topology_path,
+            {"epoch": topology.epoch, "rows": topology.rows, "cols": topology.cols, "cells": assignment},
+        )
+
+    def metrics(self) -> Iterator[dict[str, Any]]:
+        return read_jsonl(self.metrics_path)
+
+    def keep_metrics(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+        """Rewrite metrics.jsonl with only the records `keep` accepts (resume drops redone iterations)."""
+        kept = [r for r in self.metrics() if keep(r)]
+        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+    def write_samples(self, coord: Coord, iteration: int, png: bytes) -> Path:
+        folder = self.samples_dir(coord)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"iter-{iteration}.png"
+        atomic_write(path, png)
+        return path
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such values are written as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")

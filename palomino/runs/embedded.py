@@ -1,0 +1,126 @@
+"""Embedded mode: every cell of the grid in this process, through the in-memory adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from palomino.coevolution import Cell
+from palomino.config import ExperimentConfig
+from palomino.data import Dataset
+from palomino.grid import Coord, Topology
+from palomino.runs.checkpoints import newest_valid, write_checkpoint
+from palomino.runs.directory import RunDirectory
+from palomino.runs.images import picture_of, png_bytes
+from palomino.runs.loop import LoopSettings, run_cell
+from palomino.runs.mixture import to_data_space
+from palomino.runs.result import cell_result, write_result
+from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
+
+log = logging.getLogger(__name__)
+
+
+class RunRecorder:
+    """Recorder port → the run directory."""
+
+    def __init__(self, run: RunDirectory, dataset: Dataset, keep: int, on_metrics: Callable[[dict], None] | None = None):
+        self.run, self.dataset, self.keep, self.on_metrics = run, dataset, keep, on_metrics
+
+    async def metrics(self, record: dict[str, Any]) -> None:
+        self.run.append_metrics(record)
+        if self.on_metrics:
+            self.on_metrics(record)
+
+    async def samples(self, coord: Coord, iteration: int, samples: torch.Tensor) -> None:
+        picture = picture_of(to_data_space(samples, self.dataset.kind), self.dataset.kind, self.dataset.modes)
+        self.run.write_samples(coord, iteration, png_bytes(picture))
+
+    async def checkpoint(self, coord: Coord, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        await asyncio.to_thread(write_checkpoint, self.run.checkpoint_dir(coord), iteration, tensors, meta, self.keep)
+
+
+@dataclass
+class TrainOutcome:
+    finished: bool
+    best_cell: str | None = None
+    best_score: float | None = None
+
+
+def restore_cells(run: RunDirectory, cells: list[Cell], synchronous: bool) -> None:
+    """Each cell from its newest valid checkpoint (synchronous runs: none newer than the slowest cell's)."""
+    newest = {cell.coord: newest_valid(run.checkpoint_dir(cell.coord)) for cell in cells}
+    at_most = None
+    if synchronous:
+        at_most = min((c.iteration if c else 0) for c in newest.values())
+    for cell in cells:
+        checkpoint = newest[cell.coord]
+        if checkpoint is not None and at_most is not None and checkpoint.iteration > at_most:
+            checkpoint = newest_valid(run.checkpoint_dir(cell.coord), at_most=at_most)
+        if checkpoint is None:
+            log.warning("cell %s has no valid checkpoint: it starts again from iteration 0", cell.coord)
+            continue
+        cell.restore(checkpoint.tensors, checkpoint.meta)
+    resumed = {str(cell.coord): cell.iteration for cell in cells}
+    # Iterations after a cell's checkpoint are redone, so their old records go.
+    run.keep_metrics(lambda r: r["iteration"] < resumed.get("-".join(map(str, r["cell"])), 0))
+
+
+async def train_embedded(
+    config: ExperimentConfig,
+    run: RunDirectory,
+    dataset: Dataset,
+    *,
+    resume: bool = False,
+    stop: asyncio.Event | None = None,
+    on_metrics: Callable[[dict], None] | None = None,
+    on_restored: Callable[[int], None] | None = None,
+) -> TrainOutcome:
+    stop = stop or asyncio.Event()
+    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
+    cells = [Cell(coord, topology, config, dataset, experiment=run.experiment, device=config.device) for coord in topology.cells()]
+    if resume:
+        restore_cells(run, cells, config.training.synchronous)
+        if on_restored:
+            on_restored(sum(cell.iteration for cell in cells))
+    else:
+        run.append_topology(topology, {str(c.coord): f"embedded-{c.coord}" for c in cells})
+    bus, liveness = InMemorySnapshotBus(), InMemoryLiveness()
+    recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
+    training = config.training
+    # One iteration computes at a time: torch already uses every core inside each op.
+    gate = asyncio.Semaphore(1)
+
+    async def compute(fn, *args):
+        async with gate:
+            return await asyncio.to_thread(fn, *args)
+
+    await asyncio.gather(
+        *(
+            run_cell(
+                cell,
+                bus,
+                liveness,
+                recorder,
+                LoopSettings(
+                    iterations=training.iterations,
+                    synchronous=training.synchronous,
+                    worker=f"embedded-{cell.coord}",
+                    sample_every=training.sample_every,
+                    checkpoint_every=training.checkpoint_every,
+                ),
+                stop,
+                compute,
+            )
+            for cell in cells
+        )
+    )
+    if any(cell.iteration < training.iterations for cell in cells):
+        return TrainOutcome(finished=False)
+    snapshots = {c.coord: await bus.newest(c.coord) for c in cells}
+    results = [await asyncio.to_thread(cell_result, cell, snapshots, dataset, run.experiment) for cell in cells]
+    best = write_result(run, results)
+    return TrainOutcome(finished=True, best_cell=best.cell, best_score=best.score)

@@ -1,0 +1,99 @@
+"""One cell's life through the ports: wait for neighbours, iterate, publish, record.
+
+The embedded trainer runs one of these per cell on one event loop; the cell service
+runs exactly one with the RabbitMQ/Redis adapters. The loop cannot tell which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from palomino.coevolution import Cell
+from palomino.grid import Coord
+from palomino.transport import Liveness, Recorder, SnapshotBus
+from palomino.wire import Snapshot
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    iterations: int
+    synchronous: bool
+    worker: str
+    sample_every: int = 0
+    checkpoint_every: int = 0
+    sample_count: int = 64
+    heartbeat_ttl: float = 5.0
+    neighbour_timeout: float | None = None  # None: wait for neighbours for ever (embedded)
+
+
+def _due(every: int, done: int, last: int) -> bool:
+    return done == last or (every > 0 and done % every == 0)
+
+
+async def gather_neighbours(cell: Cell, bus: SnapshotBus, synchronous: bool, timeout: float | None) -> dict[Coord, Snapshot]:
+    """Synchronous: each neighbour's iteration i−1 exactly. Asynchronous: the newest held."""
+    wanted = cell.iteration - 1
+    found: dict[Coord, Snapshot] = {}
+    for coord in cell.topology.neighbours(cell.coord):
+        snapshot = None if synchronous else await bus.newest(coord)
+        if snapshot is None:
+            try:
+                snapshot = await bus.wait(coord, wanted if synchronous else -1, timeout)
+            except TimeoutError:
+                continue  # a silent neighbour is left out of this iteration's neighbourhood
+        found[coord] = snapshot
+    return found
+
+
+async def _unless_stopped(work: Awaitable, stop: asyncio.Event):
+    """`work`'s result, or None if `stop` is set first (`work` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    for pending in (task, stopper):
+        if pending not in done:
+            pending.cancel()
+    return task.result() if task in done else None
+
+
+async def run_cell(
+    cell: Cell,
+    bus: SnapshotBus,
+    liveness: Liveness,
+    recorder: Recorder,
+    settings: LoopSettings,
+    stop: asyncio.Event,
+    compute: Callable[..., Awaitable] | None = None,
+) -> None:
+    """Iterate until `settings.iterations` or `stop`; always ends with a checkpoint."""
+    compute = compute or asyncio.to_thread
+    await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
+    await bus.publish(cell.snapshot())
+    await liveness.heartbeat(settings.worker, settings.heartbeat_ttl)
+    last = settings.iterations
+    while cell.iteration < last and not stop.is_set():
+        started = time.perf_counter()
+        neighbours = await _unless_stopped(
+            gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout), stop
+        )
+        if neighbours is None:
+            break  # stopped while waiting (a neighbour may have stopped first)
+        waited = time.perf_counter()
+        report = await compute(cell.iterate, neighbours)
+        trained = time.perf_counter()
+        await bus.publish(await compute(cell.snapshot))
+        await liveness.heartbeat(settings.worker, settings.heartbeat_ttl)
+        published = time.perf_counter()
+        record = report.to_json()
+        record["seconds"] = {"wait": waited - started, "train": trained - waited, "communicate": published - trained}
+        await recorder.metrics(record)
+        done = cell.iteration
+        if _due(settings.sample_every, done, last):
+            await recorder.samples(cell.coord, done, await compute(cell.samples, settings.sample_count))
+        if _due(settings.checkpoint_every, done, last):
+            await recorder.checkpoint(cell.coord, done, *cell.state())
+    if stop.is_set() and cell.iteration < last:
+        await recorder.checkpoint(cell.coord, cell.iteration, *cell.state())
