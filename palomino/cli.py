@@ -33,6 +33,8 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
         format="%(message)s",
         handlers=[RichHandler(console=stderr, show_path=False)],
     )
+    for noisy in ("httpx", "aio_pika", "aiormq"):  # their INFO lines are per request / per reconnect try
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @app.command()
@@ -158,6 +160,145 @@ def sample(
     else:
         picture_of(samples, mixture.kind).save(out)
     print(out)
+
+
+def _settings(broker: Optional[str] = None, redis: Optional[str] = None, orchestrator: Optional[str] = None):
+    from palomino.services.settings import ServiceSettings
+
+    return ServiceSettings().with_flags(broker_url=broker, redis_url=redis, orchestrator_url=orchestrator)
+
+
+BROKER = typer.Option(None, "--broker", help="RabbitMQ URL (else PALOMINO_BROKER_URL, else local guest).")
+REDIS = typer.Option(None, "--redis", help="Redis URL (else PALOMINO_REDIS_URL, else local).")
+ORCH = typer.Option(None, "--orchestrator", help="Orchestrator URL (else PALOMINO_ORCHESTRATOR_URL, else http://127.0.0.1:8000).")
+
+
+@app.command()
+def cell(
+    broker: Optional[str] = BROKER,
+    redis: Optional[str] = REDIS,
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda:N"),
+    worker_id: Optional[str] = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
+) -> None:
+    """A cell worker: registers, heartbeats, trains the cell it is assigned."""
+    from palomino.services.cell import CellWorker
+
+    if device != "cpu" and not device.startswith("cuda"):
+        raise _fail(ConfigError(f"--device {device}: use cpu or cuda[:N]"))
+    worker = CellWorker(_settings(broker, redis), worker_id, device)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, worker.request_shutdown)
+        await worker.run()
+
+    try:
+        asyncio.run(go())
+    except PalominoError as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def orchestrator(
+    broker: Optional[str] = BROKER,
+    redis: Optional[str] = REDIS,
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where run directories are written."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+) -> None:
+    """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
+    import uvicorn
+
+    from palomino.services.api import create_app
+    from palomino.services.orchestrator import preflight
+
+    settings = _settings(broker, redis)
+    try:
+        asyncio.run(preflight(settings))
+    except PalominoError as error:
+        raise _fail(error) from None
+    uvicorn.run(create_app(settings, runs), host=host, port=port, log_level="warning")
+
+
+def _experiment_yaml(config: Path, overrides: list[str]) -> str:
+    from palomino.config import dump_config, load_config
+
+    return dump_config(load_config(config, overrides))
+
+
+@app.command()
+def submit(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.iterations=20"),
+    orchestrator: Optional[str] = ORCH,
+) -> None:
+    """Submit an experiment to the orchestrator; prints its id."""
+    from palomino.services.client import OrchestratorClient
+
+    try:
+        reply = OrchestratorClient(_settings(orchestrator=orchestrator).orchestrator_url).submit(_experiment_yaml(config, overrides))
+    except PalominoError as error:
+        raise _fail(error) from None
+    print(reply["id"])
+
+
+@app.command()
+def wait(
+    experiment: str = typer.Argument(...),
+    orchestrator: Optional[str] = ORCH,
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds; default: no limit."),
+) -> None:
+    """Block until the experiment ends; prints its run directory (exit 1 unless it finished)."""
+    from palomino.services.client import OrchestratorClient
+
+    try:
+        summary = OrchestratorClient(_settings(orchestrator=orchestrator).orchestrator_url).wait(experiment, timeout)
+    except PalominoError as error:
+        raise _fail(error) from None
+    if summary["state"] != "finished":
+        stderr.print(f"experiment {experiment} {summary['state']}: {summary['reason']}", highlight=False)
+    print(summary["run_dir"])
+    if summary["state"] != "finished":
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = ORCH) -> None:
+    """Print an experiment's state, layout and liveness as JSON."""
+    import json
+
+    from palomino.services.client import OrchestratorClient
+
+    try:
+        summary = OrchestratorClient(_settings(orchestrator=orchestrator).orchestrator_url).experiment(experiment)
+    except PalominoError as error:
+        raise _fail(error) from None
+    print(json.dumps(summary, indent=2))
+
+
+@app.command()
+def up(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    cells: int = typer.Option(..., "--cells", min=1, help="Cell workers to start (the grid's cells)."),
+    spares: int = typer.Option(0, "--spares", min=0, help="Extra workers that replace dead cells."),
+    out: Path = typer.Option(Path("runs"), "--out", help="Where the run directory is written."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.iterations=20"),
+    broker: Optional[str] = BROKER,
+    redis: Optional[str] = REDIS,
+    port: int = typer.Option(0, "--port", help="Orchestrator port; 0 picks a free one."),
+) -> None:
+    """Start an orchestrator and N+K cells locally, run the experiment, stop them; prints the run directory."""
+    from palomino.services.local import run_up
+
+    try:
+        yaml_text = _experiment_yaml(config, [f"distributed.max_cells={cells}", *overrides])
+        outcome = run_up(yaml_text, cells, spares, out, _settings(broker, redis), port, stderr)
+    except PalominoError as error:
+        raise _fail(error) from None
+    print(outcome["run_dir"])
+    if outcome["state"] != "finished":
+        raise typer.Exit(1)
 
 
 def run() -> None:  # console-script entry point

@@ -97,6 +97,13 @@ class Cell:
         self._order_on_device = self._order.to(self.device)  # moved once per epoch, not per batch
         self._cursor = 0
 
+    def relocate(self, coord: Coord, topology: Topology) -> None:
+        """Move to another coordinate / grid (a distributed run shrank); the individuals come along."""
+        self.coord, self.topology = Coord(*coord), topology
+        self._slots.clear()
+        for ind in [*self.generators, *self.discriminators]:
+            ind.origin = str(self.coord)
+
     # ---- construction -------------------------------------------------------------------
 
     def _cpu_rng(self) -> torch.Generator:

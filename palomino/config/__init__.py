@@ -2,6 +2,7 @@
 
 from palomino.config.models import (
     DataConfig,
+    DistributedConfig,
     ExperimentConfig,
     FitnessConfig,
     GridConfig,
@@ -14,6 +15,7 @@ from palomino.config.loading import apply_overrides, dump_config, load_config, p
 
 __all__ = [
     "DataConfig",
+    "DistributedConfig",
     "ExperimentConfig",
     "FitnessConfig",
     "GridConfig",

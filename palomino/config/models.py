@@ -84,6 +84,19 @@ class NetworkConfig(_Strict):
     width: int = Field(64, ge=1)
 
 
+class DistributedConfig(_Strict):
+    """How the orchestrator lays out and keeps a distributed run (ignored by `palomino train`)."""
+
+    min_cells: int | None = Field(None, ge=1, description="fewest cells to start or go on with; default rows×cols")
+    max_cells: int | None = Field(None, ge=1, description="most cells to lay out; default rows×cols")
+    start_timeout: float = Field(120.0, gt=0, description="seconds to wait for max_cells workers before starting with fewer")
+    on_failure: Literal["auto", "replace", "shrink"] = Field(
+        "auto", description="a dead cell's coordinate goes to a spare (replace) or the grid shrinks; auto: replace while spares exist"
+    )
+    heartbeat_ttl: float = Field(5.0, gt=0, description="seconds without a heartbeat before a worker counts as dead")
+    neighbour_timeout: float = Field(60.0, gt=0, description="seconds a cell waits for a neighbour's snapshot before going on without it")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(0, ge=0)
@@ -92,6 +105,7 @@ class ExperimentConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @field_validator("device")
     @classmethod
@@ -103,3 +117,10 @@ class ExperimentConfig(_Strict):
     @property
     def cells(self) -> int:
         return self.grid.rows * self.grid.cols
+
+    @property
+    def cell_bounds(self) -> tuple[int, int]:
+        """(min_cells, max_cells) of a distributed run, defaults filled in."""
+        high = self.distributed.max_cells or self.cells
+        low = min(self.distributed.min_cells or high, high)
+        return low, high

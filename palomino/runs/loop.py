@@ -7,14 +7,18 @@ runs exactly one with the RabbitMQ/Redis adapters. The loop cannot tell which.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from palomino.coevolution import Cell
+from palomino.errors import PalominoError
 from palomino.grid import Coord
 from palomino.transport import Liveness, Recorder, SnapshotBus
 from palomino.wire import Snapshot
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,13 @@ async def gather_neighbours(cell: Cell, bus: SnapshotBus, synchronous: bool, tim
     return found
 
 
+async def _heartbeat(liveness: Liveness, settings: LoopSettings) -> None:
+    try:
+        await liveness.heartbeat(settings.worker, settings.heartbeat_ttl)
+    except PalominoError as error:  # Redis away: keep training; the next heartbeat may get through
+        log.warning("heartbeat failed: %s", error)
+
+
 async def _unless_stopped(work: Awaitable, stop: asyncio.Event):
     """`work`'s result, or None if `stop` is set first (`work` is then cancelled)."""
     task = asyncio.ensure_future(work)
@@ -67,14 +78,20 @@ async def run_cell(
     settings: LoopSettings,
     stop: asyncio.Event,
     compute: Callable[..., Awaitable] | None = None,
+    before_iteration: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Iterate until `settings.iterations` or `stop`; always ends with a checkpoint."""
+    """Iterate until `settings.iterations` or `stop`; always ends with a checkpoint.
+
+    `before_iteration` lets a service apply a new layout (relocate, rebind) between iterations.
+    """
     compute = compute or asyncio.to_thread
     await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
     await bus.publish(cell.snapshot())
-    await liveness.heartbeat(settings.worker, settings.heartbeat_ttl)
+    await _heartbeat(liveness, settings)
     last = settings.iterations
     while cell.iteration < last and not stop.is_set():
+        if before_iteration is not None:
+            await before_iteration()
         started = time.perf_counter()
         neighbours = await _unless_stopped(
             gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout), stop
@@ -85,7 +102,7 @@ async def run_cell(
         report = await compute(cell.iterate, neighbours)
         trained = time.perf_counter()
         await bus.publish(await compute(cell.snapshot))
-        await liveness.heartbeat(settings.worker, settings.heartbeat_ttl)
+        await _heartbeat(liveness, settings)
         published = time.perf_counter()
         record = report.to_json()
         record["seconds"] = {"wait": waited - started, "train": trained - waited, "communicate": published - trained}

@@ -97,7 +97,9 @@ class Done(_Message):
     coord: tuple[int, int]
     iteration: int
     score: float
-    mixture: dict[str, Any]
+    components: list[str]
+    weights: list[float]
+    mixture: dict[str, Any] = Field(description="mixture.json of the cell's neighbourhood mixture")
     samples_png: str = Field("", description="base64 PNG of the mixture's samples")
 
 

@@ -1,0 +1,216 @@
+"""`palomino cell`: a worker that registers, heartbeats, takes an assignment and trains its cell.
+
+It runs the same engine and loop as `palomino train`, with the RabbitMQ SnapshotBus, Redis
+Liveness and a Recorder that sends everything to the orchestrator (no shared filesystem).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+from palomino.config import parse_config
+from palomino.errors import PalominoError
+from palomino.grid import Coord, Topology
+from palomino.services.settings import ServiceSettings
+from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
+from palomino.transport.rabbitmq import RabbitSnapshotBus
+from palomino.transport.redis_liveness import RedisLiveness
+from palomino.wire import Snapshot
+from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
+
+log = logging.getLogger(__name__)
+HEARTBEAT_PERIOD = 1.0
+REGISTER_PERIOD = 2.0
+
+
+class ControlRecorder:
+    """Recorder port → control messages to the orchestrator."""
+
+    def __init__(self, control: ControlChannel, experiment: str, worker: str, kind: str, modes: Any) -> None:
+        self.control, self.experiment, self.worker, self.kind, self.modes = control, experiment, worker, kind, modes
+
+    async def metrics(self, record: dict[str, Any]) -> None:
+        await self.control.send(ORCHESTRATOR, Metrics(experiment=self.experiment, worker=self.worker, record=record))
+
+    async def samples(self, coord: Coord, iteration: int, samples: Any) -> None:
+        from palomino.runs.images import picture_of, png_bytes
+        from palomino.runs.mixture import to_data_space
+
+        png = png_bytes(picture_of(to_data_space(samples, self.kind), self.kind, self.modes))
+        await self.control.send(ORCHESTRATOR, Samples(experiment=self.experiment, coord=tuple(coord), iteration=iteration), png)
+
+    async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
+        from palomino.runs.checkpoints import encode_tensors
+
+        payload = await asyncio.to_thread(encode_tensors, tensors)
+        message = Checkpoint(experiment=self.experiment, coord=tuple(coord), iteration=iteration, meta=meta)
+        await self.control.send(ORCHESTRATOR, message, payload)
+
+
+def fits(cell: Any):
+    """A validator for the SnapshotBus: a neighbour's tensors must match this cell's networks."""
+    expected = {role: getattr(cell, role + "s").best.network.state_dict() for role in ("generator", "discriminator")}
+
+    def check(snapshot: Snapshot) -> None:
+        for role, state in expected.items():
+            for name, tensor in state.items():
+                got = snapshot.tensors.get(f"{role}.net.{name}")
+                if got is None or got.shape != tensor.shape:
+                    raise ValueError(f"{role}.net.{name}: {None if got is None else tuple(got.shape)}, expected {tuple(tensor.shape)}")
+
+    return check
+
+
+class CellWorker:
+    def __init__(self, settings: ServiceSettings, worker: str | None = None, device: str = "cpu") -> None:
+        self.settings, self.device = settings, device
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.shutdown = asyncio.Event()
+        self._assignment: tuple[Assign, bytes] | None = None
+        self._pending: Resize | None = None
+        self._stop = asyncio.Event()
+        self._busy = False
+        self._wake = asyncio.Event()
+
+    def request_shutdown(self) -> None:
+        """SIGTERM / Ctrl-C: finish the iteration, checkpoint, leave."""
+        self._stop.set()
+        self.shutdown.set()
+
+    async def run(self) -> None:
+        self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker)).connect()
+        self.liveness = RedisLiveness(self.settings.redis_url)
+        await self.control.listen(self._on_control)
+        background = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._registrations())]
+        log.info("cell worker %s ready (broker %s)", self.worker, self.settings.broker_url.split("@")[-1])
+        try:
+            while not self.shutdown.is_set():
+                self._wake.clear()
+                if self._assignment is not None:
+                    assign, payload = self._assignment
+                    self._assignment = None
+                    await self._train(assign, payload)
+                    if self.shutdown.is_set():
+                        break
+                    continue
+                await _first(self._wake.wait(), self.shutdown.wait())
+        finally:
+            for task in background:
+                task.cancel()
+            await self.control.close()
+            await self.liveness.close()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self.liveness.heartbeat(self.worker, self._ttl)
+            except PalominoError as error:
+                log.warning("heartbeat failed: %s", error)
+            await asyncio.sleep(HEARTBEAT_PERIOD)
+
+    _ttl = 5.0
+
+    async def _registrations(self) -> None:
+        # Idle workers keep announcing themselves, so a restarted orchestrator finds its spares again.
+        while True:
+            if not self._busy:
+                await self.control.send(ORCHESTRATOR, Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device))
+            await asyncio.sleep(REGISTER_PERIOD)
+
+    async def _on_control(self, message: Any, payload: bytes) -> None:
+        if isinstance(message, Assign) and message.worker == self.worker:
+            if self._busy:
+                log.warning("ignoring an assignment to %s: already training", message.experiment)
+                return
+            self._busy = True
+            self._assignment = (message, payload)
+            self._wake.set()
+        elif isinstance(message, Resize):
+            self._pending = message
+        elif isinstance(message, Stop):
+            log.info("stop: %s", message.reason or "requested")
+            self._stop.set()
+
+    async def _train(self, assign: Assign, payload: bytes) -> None:
+        from palomino.coevolution import Cell
+        from palomino.data import load_dataset
+        from palomino.runs.checkpoints import decode_tensors
+        from palomino.runs.loop import LoopSettings, run_cell
+        from palomino.runs.result import cell_result
+
+        self._stop.clear()
+        self._pending = None
+        experiment = assign.experiment
+        try:
+            config = parse_config(assign.config)
+            self._ttl = config.distributed.heartbeat_ttl
+            dataset = await asyncio.to_thread(load_dataset, config.data, config.seed)
+            topology = Topology(assign.rows, assign.cols, config.grid.neighbourhood, assign.epoch)
+            cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=experiment, device=self.device)
+            if payload:
+                cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
+        except (PalominoError, ValueError) as error:
+            log.error("cannot train %s: %s", experiment, error)
+            await self.control.send(ORCHESTRATOR, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {error}"))
+            self._busy = False
+            return
+        log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, experiment, assign.rows, assign.cols, assign.epoch, cell.iteration)
+        bus = await RabbitSnapshotBus(self.settings.broker_url, experiment, validator=fits(cell)).connect()
+        recorder = ControlRecorder(self.control, experiment, self.worker, dataset.kind, dataset.modes)
+
+        async def apply_layout() -> None:
+            resize, self._pending = self._pending, None
+            if resize is None or resize.experiment != experiment:
+                return
+            if resize.coord is None:
+                log.info("released to the spares by epoch %d", resize.epoch)
+                self._stop.set()
+                return
+            cell.relocate(Coord(*resize.coord), Topology(resize.rows, resize.cols, config.grid.neighbourhood, resize.epoch))
+            await bus.bind(cell.topology.neighbours(cell.coord), resize.epoch)
+            log.info("moved to %s of %d×%d (epoch %d)", cell.coord, resize.rows, resize.cols, resize.epoch)
+
+        training = config.training
+        settings = LoopSettings(
+            iterations=training.iterations,
+            synchronous=training.synchronous,
+            worker=self.worker,
+            sample_every=training.sample_every,
+            checkpoint_every=training.checkpoint_every,
+            heartbeat_ttl=config.distributed.heartbeat_ttl,
+            neighbour_timeout=config.distributed.neighbour_timeout,
+        )
+        try:
+            await run_cell(cell, bus, self.liveness, recorder, settings, self._stop, before_iteration=apply_layout)
+            if cell.iteration >= training.iterations:
+                snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
+                result = await asyncio.to_thread(cell_result, cell, snapshots, dataset, experiment)
+                done = Done(
+                    experiment=experiment,
+                    worker=self.worker,
+                    coord=tuple(cell.coord),
+                    iteration=cell.iteration,
+                    score=result.score,
+                    components=result.components,
+                    weights=result.weights,
+                    mixture=result.description,
+                    samples_png=base64.b64encode(result.samples_png).decode(),
+                )
+                await self.control.send(ORCHESTRATOR, done, result.payload)
+                log.info("cell %s of %s done (score %.4g)", cell.coord, experiment, result.score)
+        finally:
+            await bus.close()
+            self._busy = False
+
+
+async def _first(*awaitables: Any) -> None:
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()

@@ -1,0 +1,343 @@
+"""`palomino orchestrator`: experiments, worker registry, liveness, layout, failures, results.
+
+It owns the run directories (same layout as `palomino train`), imports no torch, and talks
+to cells only through the control plane; liveness comes from Redis heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from palomino.config import ExperimentConfig
+from palomino.errors import PalominoError
+from palomino.grid import Coord, Topology, rectangle, relayout
+from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
+from palomino.runs.directory import RunDirectory
+from palomino.runs.result import CellResult, write_result
+from palomino.services.settings import ServiceSettings
+from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
+from palomino.transport.redis_liveness import RedisLiveness
+from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
+
+log = logging.getLogger(__name__)
+State = Literal["waiting", "running", "finished", "failed", "stopped"]
+TICK = 0.5
+
+
+@dataclass
+class Worker:
+    id: str
+    host: str = ""
+    device: str = "cpu"
+    last_seen: float = field(default_factory=time.monotonic)  # last time Redis showed its heartbeat
+    experiment: str | None = None
+    coord: Coord | None = None
+
+
+@dataclass
+class Experiment:
+    id: str
+    config: ExperimentConfig
+    run: RunDirectory
+    state: State = "waiting"
+    reason: str = ""
+    created: float = field(default_factory=time.monotonic)
+    topology: Topology | None = None
+    cells: dict[Coord, str] = field(default_factory=dict)
+    done: dict[Coord, CellResult] = field(default_factory=dict)
+    records: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("finished", "failed", "stopped")
+
+    def summary(self, alive: set[str] | None = None) -> dict[str, Any]:
+        topology = self.topology
+        return {
+            "id": self.id,
+            "name": self.config.name,
+            "state": self.state,
+            "reason": self.reason,
+            "run_dir": str(self.run.path),
+            "epoch": topology.epoch if topology else None,
+            "rows": topology.rows if topology else None,
+            "cols": topology.cols if topology else None,
+            "iterations": self.config.training.iterations,
+            "records": self.records,
+            "cells": {str(c): w for c, w in sorted(self.cells.items())},
+            "liveness": {w: (alive is None or w in alive) for w in self.cells.values()},
+            "failures": self.failures,
+        }
+
+
+async def preflight(settings: ServiceSettings) -> None:
+    """Fail fast, with the URL named, when the broker or Redis cannot be reached."""
+    from palomino.transport.rabbitmq import connect
+
+    connection = await connect(settings.broker_url)
+    await connection.close()
+    liveness = RedisLiveness(settings.redis_url)
+    try:
+        await liveness.alive()
+    finally:
+        await liveness.close()
+
+
+class Orchestrator:
+    def __init__(self, settings: ServiceSettings, runs: Path) -> None:
+        self.settings, self.runs = settings, Path(runs)
+        self.experiments: dict[str, Experiment] = {}
+        self.workers: dict[str, Worker] = {}
+        self.alive: set[str] = set()
+        self.counters = {"control_messages": 0, "metrics_records": 0, "failures_handled": 0}
+        self._redis_ok = True
+        self._lock = asyncio.Lock()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self.control = await ControlChannel(self.settings.broker_url, ORCHESTRATOR).connect()
+        self.liveness = RedisLiveness(self.settings.redis_url)
+        await self.control.listen(self._on_control)
+        self._task = asyncio.create_task(self._supervise())
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await self.control.close()
+        await self.liveness.close()
+
+    # ---- experiments ----------------------------------------------------------------------
+
+    async def submit(self, config: ExperimentConfig) -> Experiment:
+        run = RunDirectory.create(self.runs, config)
+        experiment = Experiment(run.experiment, config, run)
+        self.experiments[experiment.id] = experiment
+        log.info("experiment %s submitted: waiting for %d–%d workers", experiment.id, *config.cell_bounds)
+        await self._event(experiment, "state", {"state": "waiting"})
+        return experiment
+
+    async def cancel(self, experiment: Experiment, reason: str = "deleted") -> None:
+        if not experiment.finished:
+            await self._end(experiment, "stopped", reason)
+
+    async def _end(self, experiment: Experiment, state: State, reason: str = "") -> None:
+        experiment.state, experiment.reason = state, reason
+        for coord, worker in experiment.cells.items():
+            await self.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
+            if worker in self.workers and self.workers[worker].experiment == experiment.id:
+                self.workers[worker].experiment, self.workers[worker].coord = None, None
+        log.info("experiment %s %s%s", experiment.id, state, f": {reason}" if reason else "")
+        await self._event(experiment, "state", {"state": state, "reason": reason})
+
+    # ---- control messages -----------------------------------------------------------------
+
+    async def _on_control(self, message: Any, payload: bytes) -> None:
+        self.counters["control_messages"] += 1
+        if isinstance(message, Register):
+            worker = self.workers.setdefault(message.worker, Worker(message.worker))
+            worker.host, worker.device = message.host, message.device
+            if worker.experiment and (exp := self.experiments.get(worker.experiment)) and exp.cells.get(worker.coord) != worker.id:
+                worker.experiment, worker.coord = None, None  # it was replaced while away
+            return
+        experiment = self.experiments.get(getattr(message, "experiment", ""))
+        if experiment is None or experiment.finished:
+            return  # late messages of an ended or unknown experiment
+        if isinstance(message, Metrics):
+            experiment.run.append_metrics(message.record)
+            experiment.records += 1
+            self.counters["metrics_records"] += 1
+            await self._event(experiment, "metrics", {"record": message.record})
+        elif isinstance(message, Samples):
+            experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
+        elif isinstance(message, Checkpoint):
+            keep = experiment.config.training.checkpoint_keep
+            folder = experiment.run.checkpoint_dir(Coord(*message.coord))
+            await asyncio.to_thread(write_checkpoint_bytes, folder, message.iteration, payload, message.meta, keep)
+        elif isinstance(message, Done):
+            await self._on_done(experiment, message, payload)
+        elif isinstance(message, Failed):
+            await self._end(experiment, "failed", message.reason)
+
+    async def _on_done(self, experiment: Experiment, message: Done, payload: bytes) -> None:
+        coord = Coord(*message.coord)
+        if experiment.cells.get(coord) != message.worker:
+            return  # a cell that has since been moved or replaced
+        experiment.done[coord] = CellResult(
+            str(coord), message.score, message.components, message.weights, payload, message.mixture,
+            base64.b64decode(message.samples_png) if message.samples_png else b"",
+        )
+        if message.worker in self.workers:
+            self.workers[message.worker].experiment, self.workers[message.worker].coord = None, None
+        if set(experiment.done) >= set(experiment.cells):
+            best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
+            experiment.state = "finished"
+            log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
+            await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
+
+    # ---- supervision ----------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await self._refresh_liveness()
+                    for experiment in list(self.experiments.values()):
+                        if experiment.state == "waiting":
+                            await self._try_start(experiment)
+                        elif experiment.state == "running":
+                            await self._check_cells(experiment)
+            except PalominoError as error:
+                log.warning("supervision: %s", error)
+            except Exception:
+                log.exception("supervision failed; going on")
+            await asyncio.sleep(TICK)
+
+    async def _refresh_liveness(self) -> None:
+        try:
+            alive = await self.liveness.alive()
+        except PalominoError as error:
+            if self._redis_ok:
+                log.warning("liveness unknown (%s): nobody is declared dead until Redis answers", error)
+            self._redis_ok = False
+            return
+        now = time.monotonic()
+        if not self._redis_ok:
+            # Back from an outage: heartbeats could not land meanwhile, so restart every clock.
+            for worker in self.workers.values():
+                worker.last_seen = now
+            self._redis_ok = True
+        for worker_id in alive:
+            if worker_id in self.workers:
+                self.workers[worker_id].last_seen = now
+        self.alive = alive
+
+    def _is_dead(self, worker_id: str, ttl: float) -> bool:
+        worker = self.workers.get(worker_id)
+        return worker is None or time.monotonic() - worker.last_seen > ttl
+
+    def _spares(self, ttl: float) -> list[str]:
+        return sorted(w.id for w in self.workers.values() if w.experiment is None and not self._is_dead(w.id, ttl) and w.id in self.alive)
+
+    async def _try_start(self, experiment: Experiment) -> None:
+        config = experiment.config
+        low, high = config.cell_bounds
+        spares = self._spares(config.distributed.heartbeat_ttl)
+        waited = time.monotonic() - experiment.created
+        if len(spares) < high and not (waited >= config.distributed.start_timeout and len(spares) >= low):
+            if waited >= config.distributed.start_timeout and len(spares) < low:
+                await self._end(experiment, "failed", f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; min_cells is {low}")
+            return
+        rows, cols = rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols))
+        if min(len(spares), high) == config.cells:
+            rows, cols = config.grid.rows, config.grid.cols  # exactly the configured grid when it is there
+        topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
+        experiment.topology = topology
+        experiment.cells = dict(zip(topology.cells(), spares))
+        experiment.state = "running"
+        experiment.run.append_topology(topology, {str(c): w for c, w in experiment.cells.items()})
+        log.info("experiment %s starts on %d×%d: %s", experiment.id, rows, cols, {str(c): w for c, w in experiment.cells.items()})
+        for coord, worker in experiment.cells.items():
+            await self._assign(experiment, coord, worker)
+        await self._event(experiment, "topology", experiment.summary(self.alive))
+
+    async def _assign(self, experiment: Experiment, coord: Coord, worker: str, restore: bool = False) -> None:
+        topology = experiment.topology
+        assert topology is not None
+        self.workers[worker].experiment, self.workers[worker].coord = experiment.id, coord
+        payload, meta = b"", None
+        if restore:
+            checkpoint = await asyncio.to_thread(newest_valid, experiment.run.checkpoint_dir(coord), None, raw=True)
+            if checkpoint is not None:
+                payload, meta = checkpoint.payload, checkpoint.meta
+                resumed = checkpoint.iteration
+                experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
+                experiment.records = sum(1 for _ in experiment.run.metrics())
+        message = Assign(
+            experiment=experiment.id,
+            worker=worker,
+            config=experiment.config.model_dump(mode="json"),
+            coord=tuple(coord),
+            rows=topology.rows,
+            cols=topology.cols,
+            epoch=topology.epoch,
+            restore_meta=meta,
+        )
+        await self.control.send(cell_address(worker), message, payload)
+
+    async def _check_cells(self, experiment: Experiment) -> None:
+        ttl = experiment.config.distributed.heartbeat_ttl
+        dead = {coord: w for coord, w in experiment.cells.items() if coord not in experiment.done and self._is_dead(w, ttl)}
+        if not dead:
+            return
+        self.counters["failures_handled"] += len(dead)
+        for coord, worker in dead.items():
+            log.warning("worker %s (cell %s of %s) is dead: no heartbeat for %.0f s", worker, coord, experiment.id, ttl)
+            self.workers.pop(worker, None)
+        policy = experiment.config.distributed.on_failure
+        spares = self._spares(ttl)
+        if policy == "replace" or (policy == "auto" and len(spares) >= len(dead)):
+            if len(spares) >= len(dead):
+                await self._replace(experiment, dead, spares)
+                return
+            log.warning("not enough spares to replace %d cells: shrinking instead", len(dead))
+        await self._shrink(experiment, dead)
+
+    async def _new_epoch(self, experiment: Experiment, rows: int, cols: int) -> Topology:
+        old = experiment.topology
+        assert old is not None
+        experiment.topology = Topology(rows, cols, old.kind, old.epoch + 1)
+        experiment.run.append_topology(experiment.topology, {str(c): w for c, w in experiment.cells.items()})
+        await self._event(experiment, "topology", experiment.summary(self.alive))
+        return experiment.topology
+
+    async def _replace(self, experiment: Experiment, dead: dict[Coord, str], spares: list[str]) -> None:
+        for (coord, worker), spare in zip(dead.items(), spares):
+            experiment.cells[coord] = spare
+            experiment.failures.append({"worker": worker, "cell": str(coord), "action": "replace", "by": spare, "at": time.time()})
+            log.info("cell %s of %s: %s replaces %s from its newest checkpoint", coord, experiment.id, spare, worker)
+        await self._new_epoch(experiment, experiment.topology.rows, experiment.topology.cols)
+        for coord in dead:
+            await self._assign(experiment, coord, experiment.cells[coord], restore=True)
+
+    async def _shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> None:
+        low, high = experiment.config.cell_bounds
+        survivors = [w for c, w in sorted(experiment.cells.items()) if c not in dead]
+        if len(survivors) < low:
+            await self._end(experiment, "failed", f"{len(survivors)} cells left after failures; min_cells is {low} (checkpoints kept)")
+            return
+        rows, cols = rectangle(min(len(survivors), high))
+        placed = relayout({c: w for c, w in experiment.cells.items() if c not in dead}, survivors, rows, cols)
+        moved = {w for c, w in placed.items() if experiment.cells.get(c) != w}
+        released = [w for w in survivors if w not in placed.values()]
+        for coord, worker in dead.items():
+            experiment.failures.append({"worker": worker, "cell": str(coord), "action": "shrink", "to": f"{rows}x{cols}", "at": time.time()})
+        experiment.cells = placed
+        topology = await self._new_epoch(experiment, rows, cols)
+        log.info("experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released", experiment.id, rows, cols, topology.epoch, len(moved), len(released))
+        for coord, worker in placed.items():
+            self.workers[worker].coord = coord
+            await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=topology.epoch))
+        for worker in released:
+            self.workers[worker].experiment, self.workers[worker].coord = None, None
+            await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch))
+
+    async def _event(self, experiment: Experiment, kind: str, body: dict[str, Any]) -> None:
+        try:
+            await self.control.event(experiment.id, kind, body)
+        except PalominoError as error:
+            log.warning("event %s not published: %s", kind, error)
+
+    def metrics_since(self, experiment: Experiment, since: int) -> list[dict[str, Any]]:
+        return list(experiment.run.metrics())[since:]
+
+    def get(self, experiment_id: str) -> Experiment | None:
+        return self.experiments.get(experiment_id)
+

@@ -1,0 +1,16 @@
+"""Where the broker, Redis and the orchestrator are: flags, else PALOMINO_* variables, else local defaults."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PALOMINO_", extra="ignore")
+
+    broker_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    orchestrator_url: str = "http://127.0.0.1:8000"
+
+    def with_flags(self, **flags: str | None) -> ServiceSettings:
+        return self.model_copy(update={k: v for k, v in flags.items() if v})
