@@ -202,7 +202,7 @@ class Cell:
             for ind in tournament_select(all_d, [i.fitness for i in all_d], count, size, self.rng)
         ]
 
-        losses_used, g_losses, d_losses = self._train(new_g, new_d, foreign_g, foreign_d)
+        losses_used, g_losses, d_losses = self._train(new_g, new_d)
 
         # Re-evaluate the trained individuals against the neighbourhood, then replace the worst.
         new_fakes = self._generate(new_g, z_fit)
@@ -258,19 +258,16 @@ class Cell:
         return [g.network(z) for g in generators]
 
     def _train(
-        self,
-        new_g: list[Individual],
-        new_d: list[Individual],
-        foreign_g: list[Individual],
-        foreign_d: list[Individual],
+        self, new_g: list[Individual], new_d: list[Individual]
     ) -> tuple[Counter[str], list[torch.Tensor], list[torch.Tensor]]:
-        """Each batch: every new generator steps against a random neighbourhood discriminator,
-        then every new discriminator against a random neighbourhood generator (Lipizzaner's order).
+        """Each batch: every selected generator steps against a random selected discriminator,
+        then every selected discriminator against a random selected generator (Lipizzaner's
+        order and opponents: the sub-populations that selection drew from the neighbourhood,
+        which adapt to each other, not the neighbours' frozen snapshots).
 
         Step losses stay on the device (no per-step synchronisation); they are averaged once."""
         training = self.config.training
-        opponents_d = [*new_d, *foreign_d]
-        opponents_g = [*new_g, *foreign_g]
+        opponents_d, opponents_g = new_d, new_g
         params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
         losses = {name: get_loss(name) for name in training.losses}
         losses_used: Counter[str] = Counter()

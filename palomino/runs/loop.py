@@ -37,18 +37,28 @@ def _due(every: int, done: int, last: int) -> bool:
     return done == last or (every > 0 and done % every == 0)
 
 
-async def gather_neighbours(cell: Cell, bus: SnapshotBus, synchronous: bool, timeout: float | None) -> dict[Coord, Snapshot]:
-    """Synchronous: each neighbour's iteration i−1 exactly. Asynchronous: the newest held."""
+async def gather_neighbours(
+    cell: Cell, bus: SnapshotBus, synchronous: bool, timeout: float | None, silent: set[Coord] | None = None
+) -> dict[Coord, Snapshot]:
+    """Synchronous: each neighbour's iteration i−1 exactly. Asynchronous: the newest held.
+
+    A neighbour that stayed silent for `timeout` is left out; asynchronous runs then stop
+    waiting for it (it has finished or died) until it is heard from again.
+    """
     wanted = cell.iteration - 1
+    silent = set() if silent is None else silent
     found: dict[Coord, Snapshot] = {}
     for coord in cell.topology.neighbours(cell.coord):
         snapshot = None if synchronous else await bus.newest(coord)
-        if snapshot is None:
+        if snapshot is None and not (coord in silent and not synchronous):
             try:
                 snapshot = await bus.wait(coord, wanted if synchronous else -1, timeout)
             except TimeoutError:
-                continue  # a silent neighbour is left out of this iteration's neighbourhood
-        found[coord] = snapshot
+                log.warning("cell %s: no snapshot from neighbour %s for %s s; going on without it", cell.coord, coord, timeout)
+                silent.add(coord)
+        if snapshot is not None:
+            silent.discard(coord)
+            found[coord] = snapshot
     return found
 
 
@@ -89,12 +99,13 @@ async def run_cell(
     await bus.publish(cell.snapshot())
     await _heartbeat(liveness, settings)
     last = settings.iterations
+    silent: set[Coord] = set()
     while cell.iteration < last and not stop.is_set():
         if before_iteration is not None:
             await before_iteration()
         started = time.perf_counter()
         neighbours = await _unless_stopped(
-            gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout), stop
+            gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout, silent), stop
         )
         if neighbours is None:
             break  # stopped while waiting (a neighbour may have stopped first)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib
 import logging
 import os
 import socket
@@ -84,6 +85,8 @@ class CellWorker:
         self.shutdown.set()
 
     async def run(self) -> None:
+        # Load the engine (torch) before announcing ourselves: an import must not delay heartbeats later.
+        await asyncio.to_thread(importlib.import_module, "palomino.coevolution")
         self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker)).connect()
         self.liveness = RedisLiveness(self.settings.redis_url)
         await self.control.listen(self._on_control)
@@ -147,15 +150,20 @@ class CellWorker:
         self._stop.clear()
         self._pending = None
         experiment = assign.experiment
-        try:
+        def build() -> tuple[Any, Any, Any]:
+            # In a thread: building networks and reading data must not starve the heartbeats.
             config = parse_config(assign.config)
-            self._ttl = config.distributed.heartbeat_ttl
-            dataset = await asyncio.to_thread(load_dataset, config.data, config.seed)
+            dataset = load_dataset(config.data, config.seed)
             topology = Topology(assign.rows, assign.cols, config.grid.neighbourhood, assign.epoch)
             cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=experiment, device=self.device)
             if payload:
                 cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
-        except (PalominoError, ValueError) as error:
+            return config, dataset, cell
+
+        try:
+            config, dataset, cell = await asyncio.to_thread(build)
+            self._ttl = config.distributed.heartbeat_ttl
+        except (PalominoError, ValueError, KeyError) as error:
             log.error("cannot train %s: %s", experiment, error)
             await self.control.send(ORCHESTRATOR, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {error}"))
             self._busy = False

@@ -176,7 +176,11 @@ class Orchestrator:
         )
         if message.worker in self.workers:
             self.workers[message.worker].experiment, self.workers[message.worker].coord = None, None
-        if set(experiment.done) >= set(experiment.cells):
+        await self._maybe_finish(experiment)
+
+    async def _maybe_finish(self, experiment: Experiment) -> None:
+        """Once every cell of the current layout has reported its result, rank them into result/."""
+        if experiment.state == "running" and set(experiment.done) >= set(experiment.cells):
             best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
             experiment.state = "finished"
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
@@ -319,6 +323,11 @@ class Orchestrator:
         released = [w for w in survivors if w not in placed.values()]
         for coord, worker in dead.items():
             experiment.failures.append({"worker": worker, "cell": str(coord), "action": "shrink", "to": f"{rows}x{cols}", "at": time.time()})
+        # Cells that already finished keep their result, under their (possibly new) coordinate.
+        result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
+        experiment.done = {c: result_of[w] for c, w in placed.items() if w in result_of}
+        for coord, result in experiment.done.items():
+            result.cell = str(coord)
         experiment.cells = placed
         topology = await self._new_epoch(experiment, rows, cols)
         log.info("experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released", experiment.id, rows, cols, topology.epoch, len(moved), len(released))
@@ -328,6 +337,7 @@ class Orchestrator:
         for worker in released:
             self.workers[worker].experiment, self.workers[worker].coord = None, None
             await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch))
+        await self._maybe_finish(experiment)
 
     async def _event(self, experiment: Experiment, kind: str, body: dict[str, Any]) -> None:
         try:

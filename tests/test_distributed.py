@@ -1,0 +1,191 @@
+"""The distributed runtime end to end: real orchestrator and cell processes, the machine's real
+RabbitMQ and Redis, and workers killed with SIGKILL mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from palomino.services.client import OrchestratorClient
+from palomino.services.local import free_port
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def config(tmp_path: Path, **distributed) -> str:
+    cfg = {
+        "name": "dist",
+        "seed": 3,
+        "grid": {"rows": 2, "cols": 2},
+        "training": {
+            "iterations": 14,
+            "batch_size": 64,
+            "batches_per_iteration": 60,
+            "fitness": {"sample_size": 32},
+            "mixture": {"score_samples": 64},
+            "checkpoint_every": 2,
+            "sample_every": 7,
+        },
+        "data": {"name": "gaussian_ring", "size": 500},
+        "network": {"name": "mlp", "hidden": 64},
+        "distributed": {"heartbeat_ttl": 3.0, "neighbour_timeout": 10.0, **distributed},
+    }
+    return yaml.safe_dump(cfg)
+
+
+class Stack:
+    """An orchestrator and cells as separate processes, as `palomino up` starts them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path, self.port = tmp_path, free_port()
+        self.runs = tmp_path / "runs"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.client = OrchestratorClient(f"http://127.0.0.1:{self.port}")
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.tmp_path / f"{name}.log", "wb")
+        process = subprocess.Popen([sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        self.processes[name] = process
+        return process
+
+    def start(self, cells: int) -> None:
+        self.spawn("orchestrator", "orchestrator", "--runs", str(self.runs), "--port", str(self.port))
+        deadline = time.monotonic() + 60
+        while not self.client.healthy():
+            assert time.monotonic() < deadline, self.log("orchestrator")
+            time.sleep(0.3)
+        self.worker_prefix = f"t{self.port}"
+        for i in range(cells):
+            self.spawn(f"cell-{i}", "cell", "--worker-id", f"{self.worker_prefix}-{i}")
+
+    def log(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text(errors="replace")
+
+    def kill(self, worker: str) -> None:
+        name = "cell-" + worker.rsplit("-", 1)[1]
+        self.processes[name].send_signal(signal.SIGKILL)
+        self.processes[name].wait()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    s = Stack(tmp_path)
+    yield s
+    s.stop()
+
+
+def wait_for_records(stack: Stack, experiment: str, records: int, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        summary = stack.client.experiment(experiment)
+        if summary["records"] >= records or summary["state"] != "running" and summary["state"] != "waiting":
+            return summary
+        assert time.monotonic() < deadline, f"only {summary['records']} records: {summary}"
+        time.sleep(0.2)
+
+
+def check_finished_run(run_dir: Path, cells: int, iterations: int) -> list[dict]:
+    for name in ("config.yaml", "topology.jsonl", "metrics.jsonl", "result/mixture.safetensors", "result/mixture.json", "result/ranking.json", "result/samples.png"):
+        assert (run_dir / name).is_file(), name
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = [(tuple(r["cell"]), r["iteration"]) for r in records]
+    assert len(keys) == len(set(keys)), "a (cell, iteration) was recorded twice"
+    assert {k[1] for k in keys} == set(range(iterations))
+    assert len(json.loads((run_dir / "result/ranking.json").read_text())["ranking"]) == cells
+    return [json.loads(line) for line in (run_dir / "topology.jsonl").read_text().splitlines()]
+
+
+def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text(config(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "palomino", "up", str(path), "--cells", "4", "--spares", "1", "--out", str(tmp_path / "runs")],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = Path(result.stdout.strip().splitlines()[-1])
+    topology = check_finished_run(run_dir, cells=4, iterations=14)
+    assert topology[0]["rows"] == 2 and topology[0]["cols"] == 2 and len(topology[0]["cells"]) == 4
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4 * 14
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0-0", "0-1", "1-0", "1-1"]
+
+
+def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
+    stack.start(cells=5)
+    experiment = stack.client.submit(config(stack.tmp_path, on_failure="replace"))["id"]
+    summary = wait_for_records(stack, experiment, 6)
+    assert summary["state"] == "running"
+    victim_cell, victim = sorted(summary["cells"].items())[1]
+    stack.kill(victim)
+    killed_at = time.monotonic()
+    while victim in stack.client.experiment(experiment)["cells"].values():
+        assert time.monotonic() - killed_at < 3.0 + 5.0 + 2.0, "no spare took over within TTL + 5 s"
+        time.sleep(0.2)
+    detected = time.monotonic() - killed_at
+    final = stack.client.wait(experiment, timeout=240)
+    assert final["state"] == "finished", final
+    assert detected <= 3.0 + 5.0 + 0.5
+    assert final["failures"][0]["action"] == "replace" and final["failures"][0]["cell"] == victim_cell
+    topology = check_finished_run(Path(final["run_dir"]), cells=4, iterations=14)
+    assert [t["epoch"] for t in topology] == [0, 1]
+    assert topology[1]["cells"][victim_cell] != victim and victim not in topology[1]["cells"].values()
+
+
+def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:
+    stack.start(cells=4)
+    experiment = stack.client.submit(config(stack.tmp_path, on_failure="shrink", min_cells=2))["id"]
+    summary = wait_for_records(stack, experiment, 6)
+    _, victim = sorted(summary["cells"].items())[3]
+    stack.kill(victim)
+    final = stack.client.wait(experiment, timeout=240)
+    assert final["state"] == "finished", final
+    assert (final["rows"], final["cols"]) == (1, 3) and final["epoch"] == 1
+    topology = [json.loads(line) for line in (Path(final["run_dir"]) / "topology.jsonl").read_text().splitlines()]
+    assert [(t["rows"], t["cols"]) for t in topology] == [(2, 2), (1, 3)]
+    assert victim not in topology[1]["cells"].values()
+    # As few moves as possible: the survivors at 0-0 and 0-1 keep their coordinates.
+    assert topology[1]["cells"]["0-0"] == topology[0]["cells"]["0-0"]
+    assert topology[1]["cells"]["0-1"] == topology[0]["cells"]["0-1"]
+    assert len(json.loads((Path(final["run_dir"]) / "result/ranking.json").read_text())["ranking"]) == 3
+
+
+def test_below_min_cells_the_experiment_fails_with_its_reason(stack: Stack) -> None:
+    stack.start(cells=2)
+    experiment = stack.client.submit(
+        config(stack.tmp_path, on_failure="shrink", min_cells=2).replace("rows: 2", "rows: 1")
+    )["id"]
+    summary = wait_for_records(stack, experiment, 4)
+    stack.kill(sorted(summary["cells"].values())[0])
+    final = stack.client.wait(experiment, timeout=120)
+    assert final["state"] == "failed" and "min_cells is 2" in final["reason"]
+    assert any((Path(final["run_dir"]) / "checkpoints").iterdir()), "checkpoints are kept"
+
+
+def test_a_cell_with_a_bad_broker_url_exits_with_a_clear_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "palomino", "cell", "--broker", "amqp://guest:guest@127.0.0.1:1/"],
+        capture_output=True, text=True, env=ENV, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in result.stderr
+    assert "Traceback" not in result.stderr
