@@ -19,6 +19,7 @@ from palomino.services.local import free_port
 
 pytestmark = pytest.mark.slow
 
+ITERATIONS = 60  # long enough that a kill after the first records lands mid-run
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
@@ -28,7 +29,7 @@ def config(tmp_path: Path, **distributed) -> str:
         "seed": 3,
         "grid": {"rows": 2, "cols": 2},
         "training": {
-            "iterations": 14,
+            "iterations": ITERATIONS,
             "batch_size": 64,
             "batches_per_iteration": 60,
             "fitness": {"sample_size": 32},
@@ -124,9 +125,9 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = Path(result.stdout.strip().splitlines()[-1])
-    topology = check_finished_run(run_dir, cells=4, iterations=14)
+    topology = check_finished_run(run_dir, cells=4, iterations=ITERATIONS)
     assert topology[0]["rows"] == 2 and topology[0]["cols"] == 2 and len(topology[0]["cells"]) == 4
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4 * 14
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4 * ITERATIONS
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0-0", "0-1", "1-0", "1-1"]
 
 
@@ -146,7 +147,7 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     assert final["state"] == "finished", final
     assert detected <= 3.0 + 5.0 + 0.5
     assert final["failures"][0]["action"] == "replace" and final["failures"][0]["cell"] == victim_cell
-    topology = check_finished_run(Path(final["run_dir"]), cells=4, iterations=14)
+    topology = check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
     assert [t["epoch"] for t in topology] == [0, 1]
     assert topology[1]["cells"][victim_cell] != victim and victim not in topology[1]["cells"].values()
 
