@@ -190,3 +190,49 @@ def test_a_cell_with_a_bad_broker_url_exits_with_a_clear_message() -> None:
     assert result.returncode == 1
     assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+
+def _wait_port(port: int, timeout: float = 90) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, f"port {port} did not come back"
+        time.sleep(0.5)
+
+
+def test_the_run_survives_a_rabbitmq_restart(stack: Stack) -> None:
+    stack.start(cells=4)
+    experiment = stack.client.submit(config(stack.tmp_path))["id"]
+    wait_for_records(stack, experiment, 8)
+    # The broker application restarts: every connection drops, non-durable queues go.
+    _run("rabbitmqctl", "stop_app")
+    time.sleep(2)
+    _run("rabbitmqctl", "start_app")
+    _wait_port(5672)
+    final = stack.client.wait(experiment, timeout=300)
+    assert final["state"] == "finished", final
+    check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
+    assert final["failures"] == [], "nobody should have been declared dead"
+
+
+def test_the_run_survives_a_redis_restart(stack: Stack) -> None:
+    stack.start(cells=4)
+    experiment = stack.client.submit(config(stack.tmp_path))["id"]
+    wait_for_records(stack, experiment, 8)
+    # Redis keeps nothing on disk here: every heartbeat key vanishes with the restart.
+    _run("redis-cli", "shutdown", "nosave")
+    time.sleep(2)
+    _run("redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379", "--save", "", "--appendonly", "no")
+    _wait_port(6379)
+    final = stack.client.wait(experiment, timeout=300)
+    assert final["state"] == "finished", final
+    assert final["failures"] == [], "no worker may be declared dead because Redis restarted"
+    check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)

@@ -51,7 +51,7 @@ class Experiment:
     topology: Topology | None = None
     cells: dict[Coord, str] = field(default_factory=dict)
     done: dict[Coord, CellResult] = field(default_factory=dict)
-    records: int = 0
+    recorded: set[tuple[str, int]] = field(default_factory=set)  # (cell, iteration) in metrics.jsonl
     failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -70,7 +70,7 @@ class Experiment:
             "rows": topology.rows if topology else None,
             "cols": topology.cols if topology else None,
             "iterations": self.config.training.iterations,
-            "records": self.records,
+            "records": len(self.recorded),
             "cells": {str(c): w for c, w in sorted(self.cells.items())},
             "liveness": {w: (alive is None or w in alive) for w in self.cells.values()},
             "failures": self.failures,
@@ -151,8 +151,11 @@ class Orchestrator:
         if experiment is None or experiment.finished:
             return  # late messages of an ended or unknown experiment
         if isinstance(message, Metrics):
+            key = ("-".join(map(str, message.record.get("cell", []))), int(message.record.get("iteration", -1)))
+            if key in experiment.recorded:
+                return  # redelivered after a broker reconnect
+            experiment.recorded.add(key)
             experiment.run.append_metrics(message.record)
-            experiment.records += 1
             self.counters["metrics_records"] += 1
             await self._event(experiment, "metrics", {"record": message.record})
         elif isinstance(message, Samples):
@@ -263,7 +266,7 @@ class Orchestrator:
                 payload, meta = checkpoint.payload, checkpoint.meta
                 resumed = checkpoint.iteration
                 experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
-                experiment.records = sum(1 for _ in experiment.run.metrics())
+                experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
         message = Assign(
             experiment=experiment.id,
             worker=worker,

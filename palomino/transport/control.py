@@ -83,7 +83,9 @@ class ControlChannel:
 
     async def send(self, to: str, message: Any, payload: bytes = b"") -> None:
         body = encode_control(message, payload)
-        await publish_with_retry(self._exchange, aio_pika.Message(body, type=message.kind), to, self.url, self.publish_timeout)
+        # Persistent: what waits in the orchestrator's durable queue survives a broker restart.
+        envelope = aio_pika.Message(body, type=message.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await publish_with_retry(self._exchange, envelope, to, self.url, self.publish_timeout)
 
     async def event(self, experiment: str, kind: str, body: dict[str, Any]) -> None:
         """A JSON event on `palomino.events`, key `exp.<exp>.<kind>` (dashboards follow these)."""
