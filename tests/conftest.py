@@ -117,3 +117,15 @@ def last_line(text: str) -> str:
 @pytest.fixture
 def tiny_config() -> dict[str, Any]:
     return tiny()
+
+
+async def raw_publish(body: bytes, key: str, broker: str = "amqp://guest:guest@127.0.0.1:5672/") -> None:
+    """Publish raw bytes on the snapshot exchange, as a confused or hostile client would."""
+    import aio_pika
+
+    connection = await aio_pika.connect(os.environ.get("PALOMINO_BROKER_URL", broker))
+    async with connection:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange("palomino.snapshots")
+        await exchange.publish(aio_pika.Message(body), routing_key=key)
+

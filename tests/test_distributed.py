@@ -236,3 +236,44 @@ def test_the_run_survives_a_redis_restart(stack: Stack) -> None:
     assert final["state"] == "finished", final
     assert final["failures"] == [], "no worker may be declared dead because Redis restarted"
     check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
+
+
+def test_cells_killed_one_after_another_still_finish(stack: Stack) -> None:
+    # 2 of 5 workers (40 %) die in turn: the first is replaced by the spare, the second shrinks the grid.
+    stack.start(cells=5)
+    experiment = stack.client.submit(config(stack.tmp_path, min_cells=2))["id"]
+    summary = wait_for_records(stack, experiment, 6)
+    first = sorted(summary["cells"].values())[0]
+    stack.kill(first)
+    deadline = time.monotonic() + 20
+    while first in stack.client.experiment(experiment)["cells"].values():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    second = sorted(stack.client.experiment(experiment)["cells"].values())[-1]
+    stack.kill(second)
+    final = stack.client.wait(experiment, timeout=300)
+    assert final["state"] == "finished", final
+    assert [f["action"] for f in final["failures"]] == ["replace", "shrink"]
+    assert (final["rows"], final["cols"]) == (1, 3)
+    check_finished_run(Path(final["run_dir"]), cells=3, iterations=ITERATIONS)
+
+
+def test_garbage_on_the_snapshot_exchange_does_not_stop_training(stack: Stack) -> None:
+    import asyncio
+
+    from conftest import raw_publish
+    from palomino.grid import Coord
+    from palomino.transport.rabbitmq import routing_key
+
+    stack.start(cells=4)
+    experiment = stack.client.submit(config(stack.tmp_path))["id"]
+    wait_for_records(stack, experiment, 4)
+    key = routing_key(experiment, Coord(0, 1))
+    bodies = [b"garbage", b"\x00" * 7, (10**9).to_bytes(8, "little") + b"{}", b"{" * 70_000_000]
+    for body in bodies:
+        asyncio.run(raw_publish(body, key))
+    final = stack.client.wait(experiment, timeout=300)
+    assert final["state"] == "finished", final
+    check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
+    logs = "".join(stack.log(f"cell-{i}") for i in range(4))
+    assert logs.count("dead-lettering a message") >= 2 * len(bodies)  # both neighbours of 0-1 rejected each

@@ -7,13 +7,13 @@ import os
 import secrets
 import struct
 
-import aio_pika
 import pytest
 import torch
 
+from conftest import raw_publish
 from palomino.errors import TransportError
 from palomino.grid import Coord
-from palomino.transport.rabbitmq import EXCHANGE, RabbitSnapshotBus, routing_key
+from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
 from palomino.transport.redis_liveness import RedisLiveness
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader, encode_snapshot
 
@@ -25,14 +25,6 @@ def snapshot(experiment: str, cell: tuple[int, int], iteration: int, size: int =
     meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="bce")
     header = SnapshotHeader(experiment=experiment, cell=cell, iteration=iteration, generator=meta, discriminator=meta)
     return Snapshot(header, {"generator.net.w": torch.arange(size, dtype=torch.float32) + iteration})
-
-
-async def raw_publish(body: bytes, key: str) -> None:
-    connection = await aio_pika.connect(BROKER)
-    async with connection:
-        channel = await connection.channel()
-        exchange = await channel.get_exchange(EXCHANGE)
-        await exchange.publish(aio_pika.Message(body), routing_key=key)
 
 
 @pytest.fixture
