@@ -253,9 +253,14 @@ def test_cells_killed_one_after_another_still_finish(stack: Stack) -> None:
     stack.kill(second)
     final = stack.client.wait(experiment, timeout=300)
     assert final["state"] == "finished", final
-    assert [f["action"] for f in final["failures"]] == ["replace", "shrink"]
-    assert (final["rows"], final["cols"]) == (1, 3)
-    check_finished_run(Path(final["run_dir"]), cells=3, iterations=ITERATIONS)
+    actions = [f["action"] for f in final["failures"]]
+    assert actions[0] == "replace" and len(actions) == 2
+    # The second death shrinks the grid, unless a cell that had already finished was free to take over.
+    if actions[1] == "shrink":
+        assert (final["rows"], final["cols"]) == (1, 3)
+    else:
+        assert (final["rows"], final["cols"]) == (2, 2)
+    check_finished_run(Path(final["run_dir"]), cells=final["rows"] * final["cols"], iterations=ITERATIONS)
 
 
 def test_garbage_on_the_snapshot_exchange_does_not_stop_training(stack: Stack) -> None:

@@ -77,6 +77,8 @@ class CellWorker:
         self._pending: Resize | None = None
         self._stop = asyncio.Event()
         self._busy = False
+        self._current: str | None = None  # the experiment being trained
+        self._ttl = 5.0
         self._wake = asyncio.Event()
 
     def request_shutdown(self) -> None:
@@ -117,38 +119,57 @@ class CellWorker:
                 log.warning("heartbeat failed: %s", error)
             await asyncio.sleep(HEARTBEAT_PERIOD)
 
-    _ttl = 5.0
-
     async def _registrations(self) -> None:
-        # Idle workers keep announcing themselves, so a restarted orchestrator finds its spares again.
+        # Idle workers keep announcing themselves: the orchestrator counts a worker as a spare
+        # only once it has said so, and a restarted orchestrator finds its spares again.
         while True:
-            if not self._busy:
-                await self.control.send(ORCHESTRATOR, Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device))
+            if not self._busy and self._assignment is None:
+                try:
+                    await self.control.send(ORCHESTRATOR, Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device))
+                except PalominoError as error:
+                    log.warning("registration failed: %s", error)
             await asyncio.sleep(REGISTER_PERIOD)
 
     async def _on_control(self, message: Any, payload: bytes) -> None:
         if isinstance(message, Assign) and message.worker == self.worker:
-            if self._busy:
-                log.warning("ignoring an assignment to %s: already training", message.experiment)
-                return
-            self._busy = True
+            # Kept, newest first, until the current training ends: never dropped.
             self._assignment = (message, payload)
             self._wake.set()
-        elif isinstance(message, Resize):
+        elif isinstance(message, Resize) and message.experiment == self._current:
             self._pending = message
-        elif isinstance(message, Stop):
+        elif isinstance(message, Stop) and message.experiment == self._current:
             log.info("stop: %s", message.reason or "requested")
             self._stop.set()
 
     async def _train(self, assign: Assign, payload: bytes) -> None:
+        self._busy, self._current = True, assign.experiment
+        self._stop.clear()
+        self._pending = None
+        experiment = assign.experiment
+        try:
+            await self._run_assignment(assign, payload)
+        except PalominoError as error:
+            log.error("training %s failed: %s", experiment, error)
+            await self._report_failure(experiment, str(error))
+        except Exception as error:  # a bug must not take the worker down silently: report it
+            log.exception("training %s crashed", experiment)
+            await self._report_failure(experiment, f"{type(error).__name__}: {error}")
+        finally:
+            self._busy, self._current = False, None
+
+    async def _report_failure(self, experiment: str, reason: str) -> None:
+        try:
+            await self.control.send(ORCHESTRATOR, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {reason}"))
+        except PalominoError as error:
+            log.warning("could not report the failure: %s", error)
+
+    async def _run_assignment(self, assign: Assign, payload: bytes) -> None:
         from palomino.coevolution import Cell
         from palomino.data import load_dataset
         from palomino.runs.checkpoints import decode_tensors
         from palomino.runs.loop import LoopSettings, run_cell
         from palomino.runs.result import cell_result
 
-        self._stop.clear()
-        self._pending = None
         experiment = assign.experiment
         def build() -> tuple[Any, Any, Any]:
             # In a thread: building networks and reading data must not starve the heartbeats.
@@ -162,12 +183,9 @@ class CellWorker:
 
         try:
             config, dataset, cell = await asyncio.to_thread(build)
-            self._ttl = config.distributed.heartbeat_ttl
-        except (PalominoError, ValueError, KeyError) as error:
-            log.error("cannot train %s: %s", experiment, error)
-            await self.control.send(ORCHESTRATOR, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {error}"))
-            self._busy = False
-            return
+        except (ValueError, KeyError) as error:  # a checkpoint that does not fit
+            raise PalominoError(f"cannot set up cell {tuple(assign.coord)}: {error}") from None
+        self._ttl = config.distributed.heartbeat_ttl
         log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, experiment, assign.rows, assign.cols, assign.epoch, cell.iteration)
         bus = await RabbitSnapshotBus(self.settings.broker_url, experiment, validator=fits(cell)).connect()
         recorder = ControlRecorder(self.control, experiment, self.worker, dataset.kind, dataset.modes)
@@ -214,7 +232,6 @@ class CellWorker:
                 log.info("cell %s of %s done (score %.4g)", cell.coord, experiment, result.score)
         finally:
             await bus.close()
-            self._busy = False
 
 
 async def _first(*awaitables: Any) -> None:

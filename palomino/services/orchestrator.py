@@ -38,6 +38,10 @@ class Worker:
     last_seen: float = field(default_factory=time.monotonic)  # last time Redis showed its heartbeat
     experiment: str | None = None
     coord: Coord | None = None
+    idle: bool = True  # said so by its last Register; a freed worker is no spare until it does
+
+    def free(self) -> None:
+        self.experiment, self.coord = None, None
 
 
 @dataclass
@@ -125,15 +129,22 @@ class Orchestrator:
         return experiment
 
     async def cancel(self, experiment: Experiment, reason: str = "deleted") -> None:
-        if not experiment.finished:
-            await self._end(experiment, "stopped", reason)
+        async with self._lock:
+            if not experiment.finished:
+                await self._end(experiment, "stopped", reason)
+
+    def _working_on(self, experiment: Experiment) -> list[str]:
+        """Workers still training a cell of `experiment` (not done, not moved on)."""
+        return [
+            w for c, w in experiment.cells.items()
+            if c not in experiment.done and w in self.workers and self.workers[w].experiment == experiment.id
+        ]
 
     async def _end(self, experiment: Experiment, state: State, reason: str = "") -> None:
         experiment.state, experiment.reason = state, reason
-        for coord, worker in experiment.cells.items():
+        for worker in self._working_on(experiment):
             await self.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
-            if worker in self.workers and self.workers[worker].experiment == experiment.id:
-                self.workers[worker].experiment, self.workers[worker].coord = None, None
+            self.workers[worker].free()
         log.info("experiment %s %s%s", experiment.id, state, f": {reason}" if reason else "")
         await self._event(experiment, "state", {"state": state, "reason": reason})
 
@@ -143,14 +154,23 @@ class Orchestrator:
         self.counters["control_messages"] += 1
         if isinstance(message, Register):
             worker = self.workers.setdefault(message.worker, Worker(message.worker))
-            worker.host, worker.device = message.host, message.device
+            worker.host, worker.device, worker.idle = message.host, message.device, True
             if worker.experiment and (exp := self.experiments.get(worker.experiment)) and exp.cells.get(worker.coord) != worker.id:
-                worker.experiment, worker.coord = None, None  # it was replaced while away
+                worker.free()  # it was replaced while away
             return
         experiment = self.experiments.get(getattr(message, "experiment", ""))
-        if experiment is None or experiment.finished:
-            return  # late messages of an ended or unknown experiment
+        if experiment is None:
+            return
+        if isinstance(message, Checkpoint):  # kept even after a stop or failure: that is when they matter
+            keep = experiment.config.training.checkpoint_keep
+            folder = experiment.run.checkpoint_dir(Coord(*message.coord))
+            await asyncio.to_thread(write_checkpoint_bytes, folder, message.iteration, payload, message.meta, keep)
+            return
+        if experiment.finished:
+            return  # late messages of an ended experiment
         if isinstance(message, Metrics):
+            if experiment.cells.get(Coord(*message.record.get("cell", (-1, -1)))) != message.worker:
+                return  # from a worker declared dead or moved since
             key = ("-".join(map(str, message.record.get("cell", []))), int(message.record.get("iteration", -1)))
             if key in experiment.recorded:
                 return  # redelivered after a broker reconnect
@@ -160,14 +180,13 @@ class Orchestrator:
             await self._event(experiment, "metrics", {"record": message.record})
         elif isinstance(message, Samples):
             experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
-        elif isinstance(message, Checkpoint):
-            keep = experiment.config.training.checkpoint_keep
-            folder = experiment.run.checkpoint_dir(Coord(*message.coord))
-            await asyncio.to_thread(write_checkpoint_bytes, folder, message.iteration, payload, message.meta, keep)
         elif isinstance(message, Done):
-            await self._on_done(experiment, message, payload)
-        elif isinstance(message, Failed):
-            await self._end(experiment, "failed", message.reason)
+            async with self._lock:
+                await self._on_done(experiment, message, payload)
+        elif isinstance(message, Failed) and message.worker in experiment.cells.values():
+            async with self._lock:
+                if not experiment.finished:
+                    await self._end(experiment, "failed", message.reason)
 
     async def _on_done(self, experiment: Experiment, message: Done, payload: bytes) -> None:
         coord = Coord(*message.coord)
@@ -178,14 +197,14 @@ class Orchestrator:
             base64.b64decode(message.samples_png) if message.samples_png else b"",
         )
         if message.worker in self.workers:
-            self.workers[message.worker].experiment, self.workers[message.worker].coord = None, None
+            self.workers[message.worker].free()
         await self._maybe_finish(experiment)
 
     async def _maybe_finish(self, experiment: Experiment) -> None:
         """Once every cell of the current layout has reported its result, rank them into result/."""
         if experiment.state == "running" and set(experiment.done) >= set(experiment.cells):
+            experiment.state = "finished"  # before the await: a concurrent Done must not write result/ again
             best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
-            experiment.state = "finished"
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
 
@@ -195,7 +214,8 @@ class Orchestrator:
         while True:
             try:
                 async with self._lock:
-                    await self._refresh_liveness()
+                    if not await self._refresh_liveness():
+                        continue  # liveness unknown: judge nobody, start nothing
                     for experiment in list(self.experiments.values()):
                         if experiment.state == "waiting":
                             await self._try_start(experiment)
@@ -207,14 +227,15 @@ class Orchestrator:
                 log.exception("supervision failed; going on")
             await asyncio.sleep(TICK)
 
-    async def _refresh_liveness(self) -> None:
+    async def _refresh_liveness(self) -> bool:
+        """Update who is alive; False while Redis cannot say."""
         try:
             alive = await self.liveness.alive()
         except PalominoError as error:
             if self._redis_ok:
                 log.warning("liveness unknown (%s): nobody is declared dead until Redis answers", error)
             self._redis_ok = False
-            return
+            return False
         now = time.monotonic()
         if not self._redis_ok:
             # Back from an outage: heartbeats could not land meanwhile, so restart every clock.
@@ -225,24 +246,28 @@ class Orchestrator:
             if worker_id in self.workers:
                 self.workers[worker_id].last_seen = now
         self.alive = alive
+        return True
 
     def _is_dead(self, worker_id: str, ttl: float) -> bool:
         worker = self.workers.get(worker_id)
         return worker is None or time.monotonic() - worker.last_seen > ttl
 
     def _spares(self, ttl: float) -> list[str]:
-        return sorted(w.id for w in self.workers.values() if w.experiment is None and not self._is_dead(w.id, ttl) and w.id in self.alive)
+        return sorted(
+            w.id for w in self.workers.values() if w.experiment is None and w.idle and w.id in self.alive and not self._is_dead(w.id, ttl)
+        )
 
     async def _try_start(self, experiment: Experiment) -> None:
         config = experiment.config
         low, high = config.cell_bounds
         spares = self._spares(config.distributed.heartbeat_ttl)
         waited = time.monotonic() - experiment.created
-        if len(spares) < high and not (waited >= config.distributed.start_timeout and len(spares) >= low):
-            if waited >= config.distributed.start_timeout and len(spares) < low:
+        rows, cols = rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols)) if spares else (0, 0)
+        enough = rows * cols >= low
+        if len(spares) < high and not (waited >= config.distributed.start_timeout and enough):
+            if waited >= config.distributed.start_timeout and not enough:
                 await self._end(experiment, "failed", f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; min_cells is {low}")
             return
-        rows, cols = rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols))
         if min(len(spares), high) == config.cells:
             rows, cols = config.grid.rows, config.grid.cols  # exactly the configured grid when it is there
         topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
@@ -259,14 +284,16 @@ class Orchestrator:
         topology = experiment.topology
         assert topology is not None
         self.workers[worker].experiment, self.workers[worker].coord = experiment.id, coord
+        self.workers[worker].idle = False
         payload, meta = b"", None
         if restore:
             checkpoint = await asyncio.to_thread(newest_valid, experiment.run.checkpoint_dir(coord), None, raw=True)
+            resumed = 0
             if checkpoint is not None:
-                payload, meta = checkpoint.payload, checkpoint.meta
-                resumed = checkpoint.iteration
-                experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
-                experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
+                payload, meta, resumed = checkpoint.payload, checkpoint.meta, checkpoint.iteration
+            # The iterations it will redo are recorded again by the newcomer.
+            experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
+            experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
         message = Assign(
             experiment=experiment.id,
             worker=worker,
@@ -317,28 +344,38 @@ class Orchestrator:
     async def _shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> None:
         low, high = experiment.config.cell_bounds
         survivors = [w for c, w in sorted(experiment.cells.items()) if c not in dead]
-        if len(survivors) < low:
+        rows, cols = rectangle(min(len(survivors), high)) if survivors else (0, 0)
+        if rows * cols < low:  # the rectangle, not the head count: 7 survivors lay out as 2×3
             await self._end(experiment, "failed", f"{len(survivors)} cells left after failures; min_cells is {low} (checkpoints kept)")
             return
-        rows, cols = rectangle(min(len(survivors), high))
         placed = relayout({c: w for c, w in experiment.cells.items() if c not in dead}, survivors, rows, cols)
         moved = {w for c, w in placed.items() if experiment.cells.get(c) != w}
         released = [w for w in survivors if w not in placed.values()]
         for coord, worker in dead.items():
             experiment.failures.append({"worker": worker, "cell": str(coord), "action": "shrink", "to": f"{rows}x{cols}", "at": time.time()})
+        working = set(self._working_on(experiment)) - set(dead.values())
         # Cells that already finished keep their result, under their (possibly new) coordinate.
         result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
         experiment.done = {c: result_of[w] for c, w in placed.items() if w in result_of}
         for coord, result in experiment.done.items():
             result.cell = str(coord)
+        # A coordinate taken by another worker starts a new history: the old one is set aside,
+        # so a later restore never picks up the previous occupant's individuals.
+        for coord, worker in placed.items():
+            folder = experiment.run.checkpoint_dir(coord)
+            if experiment.cells.get(coord) != worker and folder.exists():
+                folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
         experiment.cells = placed
         topology = await self._new_epoch(experiment, rows, cols)
         log.info("experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released", experiment.id, rows, cols, topology.epoch, len(moved), len(released))
         for coord, worker in placed.items():
-            self.workers[worker].coord = coord
-            await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=topology.epoch))
+            if worker in working:  # finished cells and workers on other experiments are left alone
+                self.workers[worker].coord = coord
+                await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=topology.epoch))
         for worker in released:
-            self.workers[worker].experiment, self.workers[worker].coord = None, None
+            if worker not in working:
+                continue
+            self.workers[worker].free()
             await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch))
         await self._maybe_finish(experiment)
 
