@@ -95,6 +95,9 @@ class DistributedConfig(_Strict):
     )
     heartbeat_ttl: float = Field(5.0, gt=0, description="seconds without a heartbeat before a worker counts as dead")
     neighbour_timeout: float = Field(60.0, gt=0, description="seconds a cell waits for a neighbour's snapshot before going on without it")
+    max_snapshot_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="larger snapshot bodies are refused (dead-lettered) by the cells"
+    )
 
 
 class ExperimentConfig(_Strict):

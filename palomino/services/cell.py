@@ -187,7 +187,10 @@ class CellWorker:
             raise PalominoError(f"cannot set up cell {tuple(assign.coord)}: {error}") from None
         self._ttl = config.distributed.heartbeat_ttl
         log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, experiment, assign.rows, assign.cols, assign.epoch, cell.iteration)
-        bus = await RabbitSnapshotBus(self.settings.broker_url, experiment, validator=fits(cell)).connect()
+        bus = RabbitSnapshotBus(
+            self.settings.broker_url, experiment, max_bytes=config.distributed.max_snapshot_bytes, validator=fits(cell)
+        )
+        await bus.connect()
         recorder = ControlRecorder(self.control, experiment, self.worker, dataset.kind, dataset.modes)
 
         async def apply_layout() -> None:
