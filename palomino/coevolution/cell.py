@@ -166,7 +166,7 @@ class Cell:
             meta.loss,
             origin=str(coord),
         )
-        individual.load_tensors({k: v.to(self.device) for k, v in snapshot.tensors.items()}, role)
+        individual.load_tensors(_on(self.device, snapshot.tensors, role + "."), role)
         return individual
 
     # ---- the iteration -------------------------------------------------------------------
@@ -267,7 +267,6 @@ class Cell:
 
         Step losses stay on the device (no per-step synchronisation); they are averaged once."""
         training = self.config.training
-        opponents_d, opponents_g = new_d, new_g
         params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
         losses = {name: get_loss(name) for name in training.losses}
         losses_used: Counter[str] = Counter()
@@ -283,7 +282,7 @@ class Cell:
             if loss_name != "wgan_gp" or step % training.n_critic == 0:
                 for ind in new_g:
                     self._mutate(ind)
-                    opponent = opponents_d[int(self.rng.integers(len(opponents_d)))].network
+                    opponent = new_d[int(self.rng.integers(len(new_d)))].network
                     fake = ind.network(self._noise(real.shape[0]))
                     value = loss.generator(opponent(fake))
                     ind.optimizer.zero_grad(set_to_none=True)
@@ -294,7 +293,7 @@ class Cell:
             if skip == 0 or step % (skip + 1) == 0:
                 for ind in new_d:
                     self._mutate(ind)
-                    opponent = opponents_g[int(self.rng.integers(len(opponents_g)))].network
+                    opponent = new_g[int(self.rng.integers(len(new_g)))].network
                     with torch.no_grad():
                         fake = opponent(self._noise(real.shape[0]))
                     value = loss.discriminator(ind.network, real, fake, generator=self.torch_rng)
@@ -399,7 +398,7 @@ class Cell:
                 prefix = f"{role}.{index}"
                 info = meta["individuals"][prefix]
                 ind.learning_rate = info["learning_rate"]
-                ind.load_tensors({k: v.to(self.device) for k, v in tensors.items()}, prefix)
+                ind.load_tensors(_on(self.device, tensors, prefix + "."), prefix)
                 ind.fitness, ind.loss, ind.origin = info["fitness"], info["loss"], info["origin"]
         self.iteration = int(meta["iteration"])
         self._cursor = int(meta["cursor"])
@@ -409,6 +408,11 @@ class Cell:
         self.rng.bit_generator.state = meta["rng"]
         self.mixture_weights = {str(k): float(v) for k, v in meta["mixture"].items()}
         self.score = float("nan") if meta["score"] is None else float(meta["score"])
+
+
+def _on(device: torch.device, tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors under `prefix`, on `device` (not the whole snapshot once per role)."""
+    return {k: v.to(device) for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def _finite(value: float) -> float:

@@ -76,9 +76,6 @@ class Population:
 
     individuals: list[Individual] = field(default_factory=list)
 
-    def sort(self) -> None:
-        self.individuals.sort(key=lambda ind: ind.fitness)
-
     @property
     def best(self) -> Individual:
         return min(self.individuals, key=lambda ind: ind.fitness)

@@ -15,9 +15,8 @@ from palomino.data import Dataset
 from palomino.grid import Coord, Topology
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
-from palomino.runs.images import picture_of, png_bytes
+from palomino.runs.images import progress_png
 from palomino.runs.loop import LoopSettings, run_cell
-from palomino.runs.mixture import to_data_space
 from palomino.runs.result import cell_result, write_result
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
@@ -36,8 +35,7 @@ class RunRecorder:
             self.on_metrics(record)
 
     async def samples(self, coord: Coord, iteration: int, samples: torch.Tensor) -> None:
-        picture = picture_of(to_data_space(samples, self.dataset.kind), self.dataset.kind, self.dataset.modes)
-        self.run.write_samples(coord, iteration, png_bytes(picture))
+        self.run.write_samples(coord, iteration, progress_png(samples, self.dataset.kind, self.dataset.modes))
 
     async def checkpoint(self, coord: Coord, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         await asyncio.to_thread(write_checkpoint, self.run.checkpoint_dir(coord), iteration, tensors, meta, self.keep)

@@ -45,6 +45,13 @@ def picture_of(samples: torch.Tensor, kind: str, reference: torch.Tensor | None 
     return image_grid(samples) if kind == "image" else scatter(samples, reference)
 
 
+def progress_png(samples: torch.Tensor, kind: str, reference: torch.Tensor | None = None) -> bytes:
+    """A generator's raw output (generator space) → the PNG of it that a run directory keeps."""
+    from palomino.runs.mixture import to_data_space
+
+    return png_bytes(picture_of(to_data_space(samples, kind), kind, reference))
+
+
 def png_bytes(picture: Image.Image) -> bytes:
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")

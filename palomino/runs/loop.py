@@ -69,7 +69,7 @@ async def _heartbeat(liveness: Liveness, settings: LoopSettings) -> None:
         log.warning("heartbeat failed: %s", error)
 
 
-async def _unless_stopped(work: Awaitable, stop: asyncio.Event):
+async def unless_set(work: Awaitable, stop: asyncio.Event):
     """`work`'s result, or None if `stop` is set first (`work` is then cancelled)."""
     task = asyncio.ensure_future(work)
     stopper = asyncio.ensure_future(stop.wait())
@@ -104,7 +104,7 @@ async def run_cell(
         if before_iteration is not None:
             await before_iteration()
         started = time.perf_counter()
-        neighbours = await _unless_stopped(
+        neighbours = await unless_set(
             gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout, silent), stop
         )
         if neighbours is None:

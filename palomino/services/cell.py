@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import importlib
 import logging
 import os
 import socket
@@ -18,6 +17,7 @@ from typing import Any
 from palomino.config import parse_config
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
+from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus
@@ -40,10 +40,9 @@ class ControlRecorder:
         await self.control.send(ORCHESTRATOR, Metrics(experiment=self.experiment, worker=self.worker, record=record))
 
     async def samples(self, coord: Coord, iteration: int, samples: Any) -> None:
-        from palomino.runs.images import picture_of, png_bytes
-        from palomino.runs.mixture import to_data_space
+        from palomino.runs.images import progress_png
 
-        png = png_bytes(picture_of(to_data_space(samples, self.kind), self.kind, self.modes))
+        png = progress_png(samples, self.kind, self.modes)
         await self.control.send(ORCHESTRATOR, Samples(experiment=self.experiment, coord=tuple(coord), iteration=iteration), png)
 
     async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
@@ -87,8 +86,6 @@ class CellWorker:
         self.shutdown.set()
 
     async def run(self) -> None:
-        # Load the engine (torch) before announcing ourselves: an import must not delay heartbeats later.
-        await asyncio.to_thread(importlib.import_module, "palomino.coevolution")
         self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker)).connect()
         self.liveness = RedisLiveness(self.settings.redis_url)
         await self.control.listen(self._on_control)
@@ -104,7 +101,7 @@ class CellWorker:
                     if self.shutdown.is_set():
                         break
                     continue
-                await _first(self._wake.wait(), self.shutdown.wait())
+                await unless_set(self._wake.wait(), self.shutdown)
         finally:
             for task in background:
                 task.cancel()
@@ -236,9 +233,3 @@ class CellWorker:
         finally:
             await bus.close()
 
-
-async def _first(*awaitables: Any) -> None:
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()

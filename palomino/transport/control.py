@@ -15,7 +15,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.errors import SnapshotError
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, DEAD_QUEUE, connect, publish_with_retry
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, publish_with_retry
 from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,7 @@ class ControlChannel:
         await channel.set_qos(prefetch_count=32)
         self._exchange = await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
         self._events = await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
-        dead = await channel.declare_exchange(DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
-        dead_queue = await channel.declare_queue(DEAD_QUEUE, durable=True, arguments={"x-max-length": 1000})
-        await dead_queue.bind(dead)
+        await declare_dead_letters(channel)
         durable = self.address == ORCHESTRATOR
         self._queue = await channel.declare_queue(
             f"palomino.{self.address}",

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
 from aiormq.exceptions import AMQPError
 
 from palomino.errors import SnapshotError, TransportError
@@ -58,6 +58,13 @@ async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
         ) from None
 
 
+async def declare_dead_letters(channel: AbstractChannel) -> None:
+    """`palomino.dead` → `palomino.dead-letters`: where every rejected body goes (bounded)."""
+    dead = await channel.declare_exchange(DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
+    dead_queue = await channel.declare_queue(DEAD_QUEUE, durable=True, arguments={"x-max-length": 1000})
+    await dead_queue.bind(dead)
+
+
 async def publish_with_retry(exchange: AbstractExchange, message: aio_pika.Message, key: str, url: str, timeout: float) -> None:
     """Publish (confirmed); across a broker restart the robust connection comes back, so retry until `timeout`."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -96,9 +103,7 @@ class RabbitSnapshotBus:
         channel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=self.prefetch)
         self._exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
-        dead = await channel.declare_exchange(DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
-        dead_queue = await channel.declare_queue(DEAD_QUEUE, durable=True, arguments={"x-max-length": 1000})
-        await dead_queue.bind(dead)
+        await declare_dead_letters(channel)
         self._queue = await channel.declare_queue(
             f"palomino.cell.{self.experiment}.{secrets.token_hex(4)}",
             exclusive=True,
