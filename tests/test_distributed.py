@@ -112,7 +112,10 @@ def check_finished_run(run_dir: Path, cells: int, iterations: int) -> list[dict]
     keys = [(tuple(r["cell"]), r["iteration"]) for r in records]
     assert len(keys) == len(set(keys)), "a (cell, iteration) was recorded twice"
     assert {k[1] for k in keys} == set(range(iterations))
-    assert len(json.loads((run_dir / "result/ranking.json").read_text())["ranking"]) == cells
+    ranking = json.loads((run_dir / "result/ranking.json").read_text())["ranking"]
+    assert len(ranking) == cells
+    assert all((run_dir / "result/cells" / entry["cell"] / "mixture.safetensors").is_file() for entry in ranking)
+    assert (run_dir / "samples/real.png").read_bytes().startswith(b"\x89PNG")
     return [json.loads(line) for line in (run_dir / "topology.jsonl").read_text().splitlines()]
 
 

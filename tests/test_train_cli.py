@@ -62,6 +62,10 @@ def assert_complete(run: Path, iterations: int) -> None:
 def assert_finished(run: Path) -> None:
     for name in ("mixture.safetensors", "mixture.json", "ranking.json", "samples.png"):
         assert (run / "result" / name).is_file(), name
+    ranking = json.loads((run / "result" / "ranking.json").read_text())["ranking"]
+    for entry in ranking:  # every cell's neighbourhood mixture is kept for the scorer
+        assert (run / "result" / "cells" / entry["cell"] / "mixture.json").is_file(), entry["cell"]
+    assert (run / "samples" / "real.png").read_bytes().startswith(b"\x89PNG")
 
 
 # --- one finished run, inspected by several tests -------------------------------------------------

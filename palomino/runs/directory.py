@@ -108,6 +108,16 @@ class RunDirectory:
         kept = [r for r in self.metrics() if keep(r)]
         atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
+    @property
+    def real_samples_path(self) -> Path:
+        """samples/real.png: real training data, shown beside the generated samples."""
+        return self.path / "samples" / "real.png"
+
+    def write_real_samples(self, png: bytes) -> Path:
+        self.real_samples_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.real_samples_path, png)
+        return self.real_samples_path
+
     def write_samples(self, coord: Coord, iteration: int, png: bytes) -> Path:
         folder = self.samples_dir(coord)
         folder.mkdir(parents=True, exist_ok=True)

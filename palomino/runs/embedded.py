@@ -15,7 +15,7 @@ from palomino.data import Dataset
 from palomino.grid import Coord, Topology
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
-from palomino.runs.images import progress_png
+from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings, run_cell
 from palomino.runs.result import cell_result, write_result
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
@@ -86,6 +86,8 @@ async def train_embedded(
             on_restored(sum(cell.iteration for cell in cells))
     else:
         run.append_topology(topology, {str(c.coord): f"embedded-{c.coord}" for c in cells})
+    if not run.real_samples_path.exists():
+        run.write_real_samples(real_png(dataset, seed=config.seed))
     bus, liveness = InMemorySnapshotBus(), InMemoryLiveness()
     recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
     training = config.training

@@ -52,6 +52,15 @@ def progress_png(samples: torch.Tensor, kind: str, reference: torch.Tensor | Non
     return png_bytes(picture_of(to_data_space(samples, kind), kind, reference))
 
 
+def real_png(dataset, n: int = 64, seed: int = 0) -> bytes:
+    """A PNG of `n` real training samples (2,500 points for the toys), drawn like the generated ones."""
+    if dataset.kind != "image":
+        n = 2500
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randperm(len(dataset), generator=generator)[: min(n, len(dataset))]
+    return png_bytes(picture_of(dataset.to_data_space(dataset.samples[index]), dataset.kind, dataset.modes))
+
+
 def png_bytes(picture: Image.Image) -> bytes:
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")

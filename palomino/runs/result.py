@@ -1,4 +1,5 @@
-"""A run's result: every cell's neighbourhood mixture scored and ranked, the best saved to result/.
+"""A run's result: every cell's neighbourhood mixture scored and ranked, the best saved to result/,
+each one to result/cells/<r>-<c>/.
 
 `cell_result` runs where the cell is (torch); `write_result` wherever the run directory is
 (the embedded trainer, or the torch-free orchestrator from cells' `done` messages).
@@ -71,6 +72,8 @@ def write_result(run: RunDirectory, results: list[CellResult]) -> CellResult:
     ranked = sorted(results, key=lambda r: r.score)
     best = ranked[0]
     save_encoded(run.result_dir, best.payload, best.description)
+    for result in ranked:  # every neighbourhood mixture, for the scorer and the dashboard
+        save_encoded(run.result_dir / "cells" / result.cell, result.payload, result.description)
     ranking = [{"cell": r.cell, "score": r.score, "components": r.components, "weights": r.weights} for r in ranked]
     atomic_write(
         run.result_dir / "ranking.json",

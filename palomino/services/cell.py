@@ -45,6 +45,12 @@ class ControlRecorder:
         png = progress_png(samples, self.kind, self.modes)
         await self.control.send(ORCHESTRATOR, Samples(experiment=self.experiment, coord=tuple(coord), iteration=iteration), png)
 
+    async def real_samples(self, coord: Coord, dataset: Any, seed: int) -> None:
+        from palomino.runs.images import real_png
+
+        png = await asyncio.to_thread(real_png, dataset, 64, seed)
+        await self.control.send(ORCHESTRATOR, Samples(experiment=self.experiment, coord=tuple(coord), iteration=0, real=True), png)
+
     async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
         from palomino.runs.checkpoints import encode_tensors
 
@@ -189,6 +195,8 @@ class CellWorker:
         )
         await bus.connect()
         recorder = ControlRecorder(self.control, experiment, self.worker, dataset.kind, dataset.modes)
+        if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
+            await recorder.real_samples(cell.coord, dataset, config.seed)
 
         async def apply_layout() -> None:
             resize, self._pending = self._pending, None

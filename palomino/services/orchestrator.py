@@ -179,7 +179,11 @@ class Orchestrator:
             self.counters["metrics_records"] += 1
             await self._event(experiment, "metrics", {"record": message.record})
         elif isinstance(message, Samples):
-            experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
+            if message.real:
+                if not experiment.run.real_samples_path.exists():
+                    experiment.run.write_real_samples(payload)
+            else:
+                experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
         elif isinstance(message, Done):
             async with self._lock:
                 await self._on_done(experiment, message, payload)

@@ -70,12 +70,13 @@ class Metrics(_Message):
 
 
 class Samples(_Message):
-    """Payload: a PNG."""
+    """Payload: a PNG of a cell's generated samples, or (`real`) of real training data."""
 
     kind: Literal["samples"] = "samples"
     experiment: str
     coord: tuple[int, int]
     iteration: int
+    real: bool = False
 
 
 class Checkpoint(_Message):
