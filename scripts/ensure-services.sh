@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Make RabbitMQ (5672) and Redis (6379) reachable on this machine: start them, installing
-# them from Debian's packages first if they are missing. Used by `make test`.
+# them from Debian's packages first if they are missing. Also installs what the tests drive:
+# chromium (dashboard browser test), shellcheck and docker-compose (deployment files),
+# Fashion-MNIST (dataset-fashion-mnist). Used by `make test`.
 set -euo pipefail
 
 reachable() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -34,4 +36,15 @@ if ! reachable 5672; then
   rabbitmq-server -detached >/dev/null 2>&1 || true
   wait_for 5672 RabbitMQ 90
 fi
+# Test tools: installed once, when missing (apt-get only; elsewhere the tests that need them say so).
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v shellcheck >/dev/null || missing+=(shellcheck)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+[ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  echo "ensure-services: installing ${missing[*]}" >&2
+  for package in "${missing[@]}"; do install "$package" || echo "ensure-services: could not install $package" >&2; done
+fi
+
 echo "ensure-services: RabbitMQ 127.0.0.1:5672 and Redis 127.0.0.1:6379 are reachable" >&2
