@@ -1,5 +1,12 @@
 """Errors a user can act on. The CLI turns them into one-line messages and exit codes."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class PalominoError(Exception):
     """Base class: the message names what is wrong and how to fix it."""
@@ -19,3 +26,16 @@ class SnapshotError(PalominoError):
 
 class TransportError(PalominoError):
     """The broker or Redis cannot be reached or refused us; the message names the URL."""
+
+
+def describe_validation(error: ValidationError) -> str:
+    """A pydantic error as one line: the first failing field, what is wrong with it, how many more."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "<root>"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key (check its spelling and the docs/configuration.md list)"
+    elif "input" in first and not isinstance(first["input"], dict | list):
+        message = f"{message} (got {first['input']!r})"
+    more = len(error.errors()) - 1
+    return f"{field}: {message}" + (f" (and {more} more error(s))" if more else "")

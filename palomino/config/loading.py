@@ -9,19 +9,9 @@ import yaml
 from pydantic import ValidationError
 
 from palomino.config.models import ExperimentConfig
-from palomino.errors import ConfigError
+from palomino.errors import ConfigError, describe_validation
 
 
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "<root>"
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = "unknown key (check its spelling and the docs/configuration.md list)"
-    elif "input" in first and not isinstance(first["input"], dict | list):
-        message = f"{message} (got {first['input']!r})"
-    more = len(error.errors()) - 1
-    return f"{field}: {message}" + (f" (and {more} more error(s))" if more else "")
 
 
 def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
@@ -30,7 +20,7 @@ def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(f"config: {_describe(error)}") from None
+        raise ConfigError(f"config: {describe_validation(error)}") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from palomino.errors import SnapshotError
+from palomino.errors import SnapshotError, describe_validation
 from palomino.wire import frame
 
 CONTROL_MAX_BYTES = 256 * 1024 * 1024  # checkpoints of large networks travel here
@@ -130,6 +130,4 @@ def decode_control(body: bytes, *, max_bytes: int = CONTROL_MAX_BYTES) -> tuple[
     try:
         return _ADAPTER.validate_python(raw), payload
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "<root>"
-        raise SnapshotError(f"control message is invalid: {field}: {first['msg']}") from None
+        raise SnapshotError(f"control message is invalid: {describe_validation(error)}") from None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from palomino.errors import SnapshotError
+from palomino.errors import SnapshotError, describe_validation
 from palomino.wire import frame
 
 if TYPE_CHECKING:  # torch loads only where tensors are (de)coded: torch-free services import this module
@@ -65,9 +65,7 @@ def decode_snapshot(body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snaps
     try:
         header = SnapshotHeader.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "<root>"
-        raise SnapshotError(f"snapshot header is invalid: {field}: {first['msg']}") from None
+        raise SnapshotError(f"snapshot header is invalid: {describe_validation(error)}") from None
     from safetensors import SafetensorError
     from safetensors.torch import load as load_tensors
 
