@@ -301,6 +301,25 @@ def up(
         raise typer.Exit(1)
 
 
+@app.command()
+def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(None, "--name", help="Default: host-pid.")) -> None:
+    """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
+    from palomino.services.scorer import Scorer
+
+    service = Scorer(_settings(broker), name)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, service.request_shutdown)
+        await service.run()
+
+    try:
+        asyncio.run(go())
+    except PalominoError as error:
+        raise _fail(error) from None
+
+
 def run() -> None:  # console-script entry point
     app()
 

@@ -125,6 +125,25 @@ def test_state_survives_a_checkpoint_file(ring: Dataset, tmp_path) -> None:
     assert same_report(original.iterate({}), restored.iterate({}))
 
 
+def test_adopting_a_published_snapshot_takes_over_individuals_and_progress(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 1}, training={"population_size": 2})
+    original = make_cell(cfg, ring)
+    original.iterate({})
+    original.iterate({})
+    published = copy_of(original.snapshot())
+    newcomer = make_cell(cfg, ring)
+    newcomer.adopt(published)
+    assert newcomer.iteration == 2 and newcomer.mixture_weights == original.mixture_weights
+    for role in ("generator", "discriminator"):
+        best = getattr(original, role + "s").best
+        for ind in getattr(newcomer, role + "s"):
+            assert ind.learning_rate == best.learning_rate and ind.optimizer.param_groups[0]["lr"] == best.learning_rate
+            for name, value in best.network.state_dict().items():
+                assert torch.equal(ind.network.state_dict()[name], value), name
+    report = newcomer.iterate({})  # and it trains on from there
+    assert report.iteration == 2
+
+
 def test_restore_refuses_another_architecture(ring: Dataset) -> None:
     small = make_cell(config(grid={"rows": 1, "cols": 1}), ring)
     big = make_cell(config(grid={"rows": 1, "cols": 1}, network={"hidden": 24}), ring)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ ITERATIONS = 60  # long enough that a kill after the first records lands mid-run
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def config(tmp_path: Path, **distributed) -> str:
+def config(tmp_path: Path, checkpoint_every: int = 2, **distributed) -> str:
     cfg = {
         "name": "dist",
         "seed": 3,
@@ -34,7 +35,7 @@ def config(tmp_path: Path, **distributed) -> str:
             "batches_per_iteration": 60,
             "fitness": {"sample_size": 32},
             "mixture": {"score_samples": 64},
-            "checkpoint_every": 2,
+            "checkpoint_every": checkpoint_every,
             "sample_every": 7,
         },
         "data": {"name": "gaussian_ring", "size": 500},
@@ -136,7 +137,8 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
 
 def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     stack.start(cells=5)
-    experiment = stack.client.submit(config(stack.tmp_path, on_failure="replace"))["id"]
+    # No checkpoint before iteration 40: the spare can only restore from the newest published snapshot.
+    experiment = stack.client.submit(config(stack.tmp_path, checkpoint_every=40, on_failure="replace"))["id"]
     summary = wait_for_records(stack, experiment, 6)
     assert summary["state"] == "running"
     victim_cell, victim = sorted(summary["cells"].items())[1]
@@ -153,6 +155,8 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     topology = check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
     assert [t["epoch"] for t in topology] == [0, 1]
     assert topology[1]["cells"][victim_cell] != victim and victim not in topology[1]["cells"].values()
+    restarted = re.search(rf"cell\s+{victim_cell}\s+of\s+\S+\s+restarts\s+at\s+iteration\s+(\d+)\s+from\s+(\w+)", stack.log("orchestrator"))
+    assert restarted and restarted.group(2) == "snapshot" and int(restarted.group(1)) > 0, stack.log("orchestrator")[-2000:]
 
 
 def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:

@@ -172,6 +172,7 @@ class CellWorker:
         from palomino.runs.checkpoints import decode_tensors
         from palomino.runs.loop import LoopSettings, run_cell
         from palomino.runs.result import cell_result
+        from palomino.wire import decode_snapshot
 
         experiment = assign.experiment
         def build() -> tuple[Any, Any, Any]:
@@ -180,7 +181,10 @@ class CellWorker:
             dataset = load_dataset(config.data, config.seed)
             topology = Topology(assign.rows, assign.cols, config.grid.neighbourhood, assign.epoch)
             cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=experiment, device=self.device)
-            if payload:
+            if payload and (assign.restore_meta or {}).get("from") == "snapshot":
+                # Newer than any checkpoint: the individuals as the dead cell last published them.
+                cell.adopt(decode_snapshot(payload, max_bytes=config.distributed.max_snapshot_bytes))
+            elif payload:
                 cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
             return config, dataset, cell
 

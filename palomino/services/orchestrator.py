@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from aiormq.exceptions import AMQPError
+
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, rectangle, relayout
@@ -22,12 +24,18 @@ from palomino.runs.directory import RunDirectory
 from palomino.runs.result import CellResult, write_result
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
+from palomino.transport.rabbitmq import forget_published, newest_published
 from palomino.transport.redis_liveness import RedisLiveness
+from palomino.transport.score_queue import ScoreQueue
+from palomino.wire import frame
 from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
+from palomino.wire.score import ScoreJob, ScoreResult
+from palomino.wire.snapshot import SnapshotHeader
 
 log = logging.getLogger(__name__)
 State = Literal["waiting", "running", "finished", "failed", "stopped"]
 TICK = 0.5
+SCORES_QUEUE = "palomino.orchestrator.scores"  # durable: results wait across an orchestrator restart
 
 
 @dataclass
@@ -81,6 +89,27 @@ class Experiment:
         }
 
 
+def record_score(folder: Path, result: ScoreResult) -> None:
+    """Merge one result into scores.json: {"targets": {target: {...}}, "periodic": {"target@iteration": {...}}}."""
+    import json
+
+    from palomino.runs.checkpoints import atomic_write
+    from palomino.runs.directory import _jsonable
+
+    path = folder / "scores.json"
+    try:
+        scores = json.loads(path.read_text())
+    except (OSError, ValueError):
+        scores = {}
+    scores.setdefault("experiment", result.experiment)
+    entry = {"scorer": result.scorer, **({"error": result.error} if result.error else result.scores)}
+    if result.iteration is None:
+        scores.setdefault("targets", {})[result.target] = entry
+    else:
+        scores.setdefault("periodic", {})[f"{result.target}@{result.iteration}"] = {"iteration": result.iteration, **entry}
+    atomic_write(path, json.dumps(_jsonable(scores), indent=2).encode())
+
+
 async def preflight(settings: ServiceSettings) -> None:
     """Fail fast, with the URL named, when the broker or Redis cannot be reached."""
     from palomino.transport.rabbitmq import connect
@@ -111,11 +140,14 @@ class Orchestrator:
         self.control = await ControlChannel(self.settings.broker_url, ORCHESTRATOR).connect()
         self.liveness = RedisLiveness(self.settings.redis_url)
         await self.control.listen(self._on_control)
+        self.scoring = await ScoreQueue(self.settings.broker_url).connect()
+        await self.scoring.follow_results(SCORES_QUEUE, self._on_score)
         self._task = asyncio.create_task(self._supervise())
 
     async def close(self) -> None:
         self._task.cancel()
         await self.control.close()
+        await self.scoring.close()
         await self.liveness.close()
 
     # ---- experiments ----------------------------------------------------------------------
@@ -211,6 +243,37 @@ class Orchestrator:
             best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
+            await self._enqueue_scoring(experiment, best)
+
+    async def _enqueue_scoring(self, experiment: Experiment, best: CellResult) -> None:
+        """Score jobs for the best mixture and every cell's (scorers may come later: the queue keeps them)."""
+        scoring = getattr(experiment.config, "scoring", None)
+        if scoring is None or not scoring.final:
+            return
+        targets = [("best", best)] + [(str(coord), result) for coord, result in sorted(experiment.done.items())]
+        for target, result in targets:
+            job = ScoreJob(
+                job=f"{experiment.id}:{target}",
+                experiment=experiment.id,
+                target=target,
+                mixture=result.description,
+                data=experiment.config.data.model_dump(mode="json"),
+                options=scoring.options(),
+            )
+            try:
+                await self.scoring.enqueue(job, result.payload)
+            except PalominoError as error:
+                log.warning("score job %s not queued: %s", job.job, error)
+                return
+
+    async def _on_score(self, result: ScoreResult) -> None:
+        """A scorer's result → the run's scores.json (also for runs this orchestrator no longer holds)."""
+        experiment = self.experiments.get(result.experiment)
+        folder = experiment.run.path if experiment else self.runs / result.experiment
+        if not (folder / "config.yaml").is_file():
+            log.info("score for unknown experiment %s dropped", result.experiment)
+            return
+        await asyncio.to_thread(record_score, folder, result)
 
     # ---- supervision ----------------------------------------------------------------------
 
@@ -295,6 +358,10 @@ class Orchestrator:
             resumed = 0
             if checkpoint is not None:
                 payload, meta, resumed = checkpoint.payload, checkpoint.meta, checkpoint.iteration
+            snapshot = await self._newest_published(experiment, coord)
+            if snapshot is not None and snapshot[1] > resumed:  # a newer state than the checkpoint's
+                payload, meta, resumed = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}, snapshot[1]
+            log.info("cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, (meta or {}).get("from", "a checkpoint" if payload else "scratch"))
             # The iterations it will redo are recorded again by the newcomer.
             experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
             experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
@@ -309,6 +376,26 @@ class Orchestrator:
             restore_meta=meta,
         )
         await self.control.send(cell_address(worker), message, payload)
+
+    async def _newest_published(self, experiment: Experiment, coord: Coord) -> tuple[bytes, int] | None:
+        """(body, the iteration it resumes at) of the newest snapshot `coord` published, if any."""
+        try:
+            body = await newest_published(self.control.channel, experiment.id, coord)
+            if body is None:
+                return None
+            header = SnapshotHeader.model_validate(frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0])
+        except (PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError) as error:
+            log.warning("newest snapshot of %s not readable (%s): the checkpoint will do", coord, error)
+            return None
+        if header.experiment != experiment.id or tuple(header.cell) != tuple(coord):
+            return None
+        return body, header.iteration + 1
+
+    async def _forget_published(self, experiment: Experiment, coord: Coord) -> None:
+        try:
+            await forget_published(self.control.channel, experiment.id, coord)
+        except (AMQPError, RuntimeError, ConnectionError) as error:
+            log.warning("last-value queue of %s not deleted: %s", coord, error)
 
     async def _check_cells(self, experiment: Experiment) -> None:
         ttl = experiment.config.distributed.heartbeat_ttl
@@ -367,8 +454,10 @@ class Orchestrator:
         # so a later restore never picks up the previous occupant's individuals.
         for coord, worker in placed.items():
             folder = experiment.run.checkpoint_dir(coord)
-            if experiment.cells.get(coord) != worker and folder.exists():
-                folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
+            if experiment.cells.get(coord) != worker:
+                if folder.exists():
+                    folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
+                await self._forget_published(experiment, coord)
         experiment.cells = placed
         topology = await self._new_epoch(experiment, rows, cols)
         log.info("experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released", experiment.id, rows, cols, topology.epoch, len(moved), len(released))

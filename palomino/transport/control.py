@@ -39,7 +39,7 @@ class ControlChannel:
 
     async def connect(self) -> ControlChannel:
         self._connection = await connect(self.url)
-        channel = await self._connection.channel(publisher_confirms=True)
+        channel = self.channel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=32)
         self._exchange = await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
         self._events = await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)

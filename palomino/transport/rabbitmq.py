@@ -37,6 +37,38 @@ def routing_key(experiment: str, coord: Coord) -> str:
     return f"exp.{experiment}.cell.{coord[0]}.{coord[1]}"
 
 
+def last_value_queue(experiment: str, coord: Coord) -> str:
+    """A queue holding only the newest snapshot a coordinate published: what a replacement restores from."""
+    return f"palomino.last.{experiment}.{coord[0]}.{coord[1]}"
+
+
+LAST_VALUE_ARGUMENTS = {"x-max-length": 1, "x-expires": 24 * 3600 * 1000}  # drop-head: the newest stays
+LAST_VALUE_REFRESH = 600.0  # seconds; publishes do not count as use for x-expires, a re-declare does
+
+
+async def declare_last_value(channel: AbstractChannel, exchange: AbstractExchange, experiment: str, coord: Coord):
+    queue = await channel.declare_queue(last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS)
+    await queue.bind(exchange, routing_key(experiment, coord))
+    return queue
+
+
+async def newest_published(channel: AbstractChannel, experiment: str, coord: Coord) -> bytes | None:
+    """The body of the newest snapshot `coord` published (left in place), or None (torch-free)."""
+    exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+    queue = await declare_last_value(channel, exchange, experiment, coord)
+    message = await queue.get(no_ack=False, fail=False)
+    if message is None:
+        return None
+    body = message.body
+    await message.nack(requeue=True)
+    return body
+
+
+async def forget_published(channel: AbstractChannel, experiment: str, coord: Coord) -> None:
+    """Drop what `coord` published: a new occupant must never restore its predecessor's individuals."""
+    await channel.queue_delete(last_value_queue(experiment, coord))
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages and logs."""
     parts = urlsplit(url)
@@ -95,12 +127,13 @@ class RabbitSnapshotBus:
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
         self._epoch = -1
+        self._last_value: dict[Coord, float] = {}  # coordinate → when its last-value queue was declared
         self.rejected = 0  # bodies dead-lettered so far (for tests and metrics)
         self._connection: AbstractRobustConnection | None = None
 
     async def connect(self) -> RabbitSnapshotBus:
         self._connection = await connect(self.url)
-        channel = await self._connection.channel(publisher_confirms=True)
+        channel = self._channel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=self.prefetch)
         self._exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
         await declare_dead_letters(channel)
@@ -136,7 +169,15 @@ class RabbitSnapshotBus:
         if len(body) > self.max_bytes:
             raise SnapshotError(f"snapshot of {len(body)} bytes exceeds the limit of {self.max_bytes} bytes")
         message = aio_pika.Message(body, content_type=CONTENT_TYPE, type="snapshot", headers={"version": 1})
-        key = routing_key(self.experiment, Coord(*snapshot.header.cell))
+        coord = Coord(*snapshot.header.cell)
+        key = routing_key(self.experiment, coord)
+        now = asyncio.get_running_loop().time()
+        if now - self._last_value.get(coord, -LAST_VALUE_REFRESH) >= LAST_VALUE_REFRESH:
+            try:
+                await declare_last_value(self._channel, self._exchange, self.experiment, coord)
+                self._last_value[coord] = now
+            except (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError) as error:
+                log.warning("last-value queue of %s not declared (%s); retrying at the next publish", coord, error)
         await publish_with_retry(self._exchange, message, key, self.url, self.publish_timeout)
 
     async def newest(self, coord: Coord) -> Snapshot | None:

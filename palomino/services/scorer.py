@@ -1,0 +1,72 @@
+"""`palomino scorer`: scores mixtures from the work queue `palomino.score`, away from training.
+
+A thin shell: the job carries the mixture and the data configuration, `palomino.scoring`
+computes the metrics in a thread (the connection's heartbeats go on), the result goes to
+`palomino.events`. A job that cannot be scored (a mixture that does not load, data that is
+missing, a classifier that is not there) gets a result with the error, and is acked: no crash loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from palomino.errors import PalominoError
+from palomino.services.settings import ServiceSettings
+from palomino.transport.score_queue import ScoreQueue
+from palomino.wire.score import ScoreJob, ScoreResult
+
+log = logging.getLogger(__name__)
+
+
+def score_job(job: ScoreJob, payload: bytes) -> dict:
+    """The job's scores (torch; runs in a worker thread). Raises PalominoError/ValueError on bad input."""
+    from palomino.config import DataConfig
+    from palomino.runs.mixture import Mixture
+    from palomino.runs.result import save_encoded
+    from palomino.scoring import ScoringOptions, score_mixture
+
+    data = DataConfig.model_validate(job.data)
+    options = ScoringOptions.model_validate(job.options)
+    with tempfile.TemporaryDirectory(prefix="palomino-score-") as folder:
+        save_encoded(Path(folder), payload, job.mixture)
+        mixture = Mixture.load(Path(folder))
+    return score_mixture(mixture, data, options)
+
+
+class Scorer:
+    def __init__(self, settings: ServiceSettings, name: str | None = None) -> None:
+        self.settings = settings
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.shutdown = asyncio.Event()
+        self.scored = 0
+
+    def request_shutdown(self) -> None:
+        self.shutdown.set()
+
+    async def handle(self, job: ScoreJob, payload: bytes) -> ScoreResult:
+        log.info("scoring job %s (%s of %s)", job.job, job.target, job.experiment)
+        started = time.monotonic()
+        result = ScoreResult(job=job.job, experiment=job.experiment, target=job.target, iteration=job.iteration, scorer=self.name)
+        try:
+            result.scores = await asyncio.to_thread(score_job, job, payload)
+        except (PalominoError, ValueError, KeyError, OSError) as error:
+            log.warning("job %s cannot be scored: %s", job.job, error)
+            result.error = f"{type(error).__name__}: {error}" if not isinstance(error, PalominoError) else str(error)
+        self.scored += 1
+        log.info("job %s done in %.1f s%s", job.job, time.monotonic() - started, f" (error: {result.error})" if result.error else "")
+        return result
+
+    async def run(self) -> None:
+        queue = await ScoreQueue(self.settings.broker_url).connect()
+        try:
+            await queue.consume(self.handle)
+            log.info("scorer %s ready (broker %s)", self.name, self.settings.broker_url.split("@")[-1])
+            await self.shutdown.wait()
+        finally:
+            await queue.close()

@@ -1,0 +1,103 @@
+"""The score work queue `palomino.score` and the results on `palomino.events` (key `exp.<exp>.score`).
+
+Competing consumers with prefetch 1: a job is acked only after its result is confirmed by the
+broker, so a scorer killed mid-job leaves it unacked and RabbitMQ hands it to another scorer.
+Malformed jobs are dead-lettered and logged; the consumer keeps going.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+
+from palomino.errors import SnapshotError
+from palomino.transport.control import EVENTS_EXCHANGE
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, publish_with_retry
+from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
+
+log = logging.getLogger(__name__)
+
+SCORE_QUEUE = "palomino.score"
+JobHandler = Callable[[ScoreJob, bytes], Awaitable[ScoreResult]]
+ResultHandler = Callable[[ScoreResult], Awaitable[None]]
+
+
+def result_key(experiment: str) -> str:
+    return f"exp.{experiment}.score"
+
+
+class ScoreQueue:
+    def __init__(self, url: str, *, publish_timeout: float = 120.0, max_bytes: int = SCORE_JOB_MAX_BYTES) -> None:
+        self.url, self.publish_timeout, self.max_bytes = url, publish_timeout, max_bytes
+        self.rejected = 0
+        self._connection = None
+
+    async def connect(self) -> ScoreQueue:
+        self._connection = await connect(self.url)
+        self._channel = await self._connection.channel(publisher_confirms=True)
+        await self._channel.set_qos(prefetch_count=1)  # one job at a time: the others stay for other scorers
+        await declare_dead_letters(self._channel)
+        self._queue = await self._channel.declare_queue(SCORE_QUEUE, durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+        self._default = self._channel.default_exchange
+        self._events = await self._channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+        return self
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+    async def enqueue(self, job: ScoreJob, payload: bytes) -> None:
+        message = aio_pika.Message(encode_job(job, payload), type=job.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await publish_with_retry(self._default, message, SCORE_QUEUE, self.url, self.publish_timeout)
+
+    async def publish_result(self, result: ScoreResult) -> None:
+        body = result.model_dump_json().encode()
+        message = aio_pika.Message(body, content_type="application/json", type="score", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await publish_with_retry(self._events, message, result_key(result.experiment), self.url, self.publish_timeout)
+
+    async def consume(self, handler: JobHandler) -> None:
+        """Run `handler` on each valid job, publish what it returns, then ack."""
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            try:
+                job, payload = decode_job(message.body, max_bytes=self.max_bytes)
+            except SnapshotError as error:
+                self.rejected += 1
+                log.warning("dead-lettering a score job: %s", error)
+                await message.reject(requeue=False)
+                return
+            try:
+                result = await handler(job, payload)
+            except Exception:  # a bug in scoring must not kill the consumer or loop on the job
+                log.exception("scoring job %s crashed; dead-lettering it", job.job)
+                await message.reject(requeue=False)
+                return
+            await self.publish_result(result)
+            await message.ack()
+
+        await self._queue.consume(on_message)
+
+    async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "*") -> None:
+        """Deliver `score` events to `handler` through the durable queue `queue_name` (results wait there)."""
+        queue = await self._channel.declare_queue(queue_name, durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+        await queue.bind(self._events, routing_key=result_key(experiments))
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            try:
+                result = decode_result(message.body)
+            except SnapshotError as error:
+                log.warning("dead-lettering a score result: %s", error)
+                await message.reject(requeue=False)
+                return
+            try:
+                await handler(result)
+            except Exception:
+                log.exception("storing score result %s failed; dead-lettering it", result.job)
+                await message.reject(requeue=False)
+                return
+            await message.ack()
+
+        await queue.consume(on_message, no_ack=False)

@@ -1,0 +1,67 @@
+"""Score jobs (work queue `palomino.score`) and their results (events `exp.<exp>.score`).
+
+A job carries everything a scorer needs, so scorers share no filesystem with anyone: the
+mixture (mixture.json as `mixture`, its safetensors as the payload), the data configuration
+to compare against and the scoring options. Framed like snapshots: JSON header + checksummed payload.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from palomino.errors import SnapshotError, describe_validation
+from palomino.wire import frame
+
+SCORE_JOB_MAX_BYTES = 256 * 1024 * 1024
+
+
+class ScoreJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1] = 1
+    kind: Literal["score_job"] = "score_job"
+    job: str  # unique per (experiment, target, iteration): a redone job overwrites its result
+    experiment: str
+    target: str  # "best", or the cell "r-c" whose neighbourhood mixture this is
+    iteration: int | None = None  # None: the final mixture; else a periodic one (scoring.every)
+    mixture: dict[str, Any]  # mixture.json
+    data: dict[str, Any]  # the experiment's DataConfig
+    options: dict[str, Any] = {}  # ScoringOptions
+
+
+class ScoreResult(BaseModel):
+    """The body of a `score` event; `error` is set (and `scores` empty) when the job could not be scored."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1] = 1
+    kind: Literal["score"] = "score"
+    job: str
+    experiment: str
+    target: str
+    iteration: int | None = None
+    scorer: str = ""
+    scores: dict[str, Any] = {}
+    error: str | None = None
+
+
+def encode_job(job: ScoreJob, payload: bytes) -> bytes:
+    return frame.pack(job.model_dump(mode="json"), payload)
+
+
+def decode_job(body: bytes, *, max_bytes: int = SCORE_JOB_MAX_BYTES) -> tuple[ScoreJob, bytes]:
+    """The job and its payload, or a SnapshotError naming what is wrong (the queue dead-letters it)."""
+    raw, payload = frame.unpack(body, max_bytes=max_bytes, what="score job")
+    raw.pop("checksum", None)
+    raw.pop("payload_bytes", None)
+    try:
+        return ScoreJob.model_validate(raw), payload
+    except ValidationError as error:
+        raise SnapshotError(f"score job is invalid: {describe_validation(error)}") from None
+
+
+def decode_result(body: bytes) -> ScoreResult:
+    try:
+        return ScoreResult.model_validate_json(body)
+    except ValidationError as error:
+        raise SnapshotError(f"score result is invalid: {describe_validation(error)}") from None
