@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 LossName = Literal["bce", "mse", "heuristic", "wgan_gp"]
 DataName = Literal["mnist", "fashion_mnist", "cifar10", "image_folder", "gaussian_ring", "gaussian_grid"]
+MetricName = Literal["fid", "is", "kid", "tvd", "modes"]
 
 
 class _Strict(BaseModel):
@@ -100,6 +101,17 @@ class DistributedConfig(_Strict):
     )
 
 
+class ScoringConfig(_Strict):
+    """What the offline scorer computes (`palomino score`, the scorer service); see docs/scoring.md."""
+
+    every: int = Field(0, ge=0, description="iterations between scorings of the cells' mixtures; 0 = only at the end")
+    metrics: list[MetricName] | None = Field(None, min_length=1, description="default: fid, is, kid, tvd for images; modes for the toys")
+    samples: int | None = Field(None, ge=2, description="generated samples per mixture; default 10,000 images / 2,500 points")
+    extractor: Literal["classifier", "inception"] = "classifier"
+    classifier: Path | None = Field(None, description="file of `palomino classifier train`; default $PALOMINO_CLASSIFIER")
+    final: bool = Field(True, description="distributed runs: queue score jobs for the final mixtures (for `palomino scorer`)")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(0, ge=0)
@@ -109,6 +121,7 @@ class ExperimentConfig(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
 
     @field_validator("device")
     @classmethod

@@ -1,5 +1,9 @@
-"""Scores of generated samples. Toy-problem mode coverage lives here; FID/IS/KID/TVD come with the scorer."""
+"""Scores of generated samples, offline: FID / IS / KID (torchmetrics) and TVD on images through a
+pluggable feature extractor (the `classifier` CNN or Inception-v3), mode coverage on the 2-D toys.
+See docs/scoring.md."""
 
 from palomino.scoring.modes import ModeCoverage, mode_coverage
+from palomino.scoring.options import ScoringOptions, parse_metrics
+from palomino.scoring.score import ScoringContext, score_mixture, score_run
 
-__all__ = ["ModeCoverage", "mode_coverage"]
+__all__ = ["ModeCoverage", "ScoringContext", "ScoringOptions", "mode_coverage", "parse_metrics", "score_mixture", "score_run"]

@@ -1,0 +1,123 @@
+"""Real-data statistics: the extractor's features of the real images and the real class distribution,
+computed once per (dataset, split, size, extractor) and cached on disk as safetensors + JSON.
+
+The key also holds a hash of the real images themselves, so a different data directory, subset
+seed or file never reuses another's statistics. Files are written atomically: parallel scorers
+that race to fill the cache each write a complete file, and the last one wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from palomino.data import Dataset
+from palomino.runs.checkpoints import atomic_write
+from palomino.scoring.extractors import FeatureExtractor
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+
+
+@dataclass
+class RealStatistics:
+    features: torch.Tensor  # (N, num_features) float32: FID's mean and covariance, KID's sample
+    class_distribution: torch.Tensor  # (classes,) float64, sums to 1: TVD's reference
+    class_source: str  # "labels" (the dataset's own) or "predictions" (the extractor's on the real images)
+    key: str
+    path: Path | None = None  # where it is cached
+    cached: bool = False  # loaded from the cache rather than computed
+
+    @property
+    def n(self) -> int:
+        return len(self.features)
+
+
+def images_digest(images: torch.Tensor) -> str:
+    return hashlib.sha256(images.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def real_images(dataset: Dataset, samples: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Up to `samples` real images in [0, 1] (a seeded subset; 0 = all) and their labels."""
+    index = None
+    if 0 < samples < len(dataset):
+        index = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples]
+    images = dataset.samples if index is None else dataset.samples[index]
+    labels = dataset.labels if index is None or dataset.labels is None else dataset.labels[index]
+    return dataset.to_data_space(images), labels
+
+
+@torch.no_grad()
+def extract_all(extractor: FeatureExtractor, images: torch.Tensor, batch_size: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    features, logits = [], []
+    for i in range(0, len(images), batch_size):
+        f, lg = extractor.extract(images[i : i + batch_size].to(device))
+        features.append(f.float().cpu())
+        logits.append(lg.float().cpu())
+    return torch.cat(features), torch.cat(logits)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def reference_statistics(
+    dataset: Dataset,
+    split: str,
+    extractor: FeatureExtractor,
+    *,
+    samples: int,
+    batch_size: int,
+    cache_dir: Path,
+    device: str = "cpu",
+) -> RealStatistics:
+    """The real statistics of `dataset` under `extractor`, from the cache or computed and cached."""
+    images, labels = real_images(dataset, samples)
+    digest = hashlib.sha256(f"{extractor.identity}|{images_digest(images)}".encode()).hexdigest()[:16]
+    key = _safe(f"{dataset.name}-{split}-{len(images)}-{extractor.identity}-{digest}")
+    folder = Path(cache_dir) / "real-statistics"
+    path, meta_path = folder / f"{key}.safetensors", folder / f"{key}.json"
+    if path.is_file() and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+            tensors = load_file(str(path))
+            if meta.get("format") == FORMAT and meta.get("key") == key and tensors["features"].shape == (len(images), extractor.num_features):
+                return RealStatistics(tensors["features"], tensors["class_distribution"], meta["class_source"], key, path, cached=True)
+            log.warning("%s does not match its description; computing the real statistics again", path)
+        except (OSError, ValueError, KeyError, SafetensorError) as error:
+            log.warning("%s is unreadable (%s); computing the real statistics again", path, error)
+
+    features, logits = extract_all(extractor, images, batch_size, device)
+    classes = len(extractor.classes)
+    # The dataset's labels are the true class distribution when the classifier was trained on this dataset;
+    # otherwise (another dataset, Inception's ImageNet classes) the extractor's predictions on real images are.
+    if labels is not None and extractor.dataset == dataset.name and int(labels.max()) < classes:
+        counts, source = torch.bincount(labels, minlength=classes), "labels"
+    else:
+        counts, source = torch.bincount(logits.argmax(1), minlength=classes), "predictions"
+    distribution = counts.double() / counts.sum()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{key}.{os.getpid()}.tmp"
+    save_file({"features": features.contiguous(), "class_distribution": distribution}, str(tmp))
+    os.replace(tmp, path)
+    meta = {
+        "format": FORMAT,
+        "key": key,
+        "dataset": dataset.name,
+        "split": split,
+        "n": len(images),
+        "extractor": extractor.identity,
+        "num_features": extractor.num_features,
+        "class_source": source,
+    }
+    atomic_write(meta_path, json.dumps(meta, indent=2).encode())
+    return RealStatistics(features, distribution, source, key, path, cached=False)
