@@ -320,6 +320,90 @@ def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(No
         raise _fail(error) from None
 
 
+@app.command()
+def score(
+    run_dir: Path = typer.Argument(..., help="A finished run directory."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points)."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Generated samples per mixture (default 10,000 images / 2,500 points)."),
+    extractor: Optional[str] = typer.Option(None, "--extractor", help="classifier (default) or inception."),
+    classifier: Optional[Path] = typer.Option(None, "--classifier", help="File of `palomino classifier train` (else PALOMINO_CLASSIFIER)."),
+    inception_weights: Optional[Path] = typer.Option(None, "--inception-weights", help="torch-fidelity's Inception-v3 weights (else PALOMINO_INCEPTION_WEIGHTS)."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Real-statistics cache (else PALOMINO_CACHE_DIR, else ~/.cache/palomino)."),
+    real_samples: Optional[int] = typer.Option(None, "--real-samples", help="Real images behind the real statistics (default 10,000; 0 = all)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the run's real data is, if not where its config says."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel scoring processes (default: one per core)."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]"),
+) -> None:
+    """Score the run's best mixture and every cell's neighbourhood mixture; writes scores.json (printed last)."""
+    from palomino.config import load_config
+    from palomino.scoring import ScoringOptions, parse_metrics, score_run
+    from palomino.scoring.report import scores_table
+
+    try:
+        config_path = run_dir / "config.yaml"
+        if not config_path.is_file():
+            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)")
+        config = load_config(config_path)
+        options = ScoringOptions.build(
+            config.scoring, metrics=parse_metrics(metrics), samples=samples, extractor=extractor, classifier=classifier,
+            inception_weights=inception_weights, cache_dir=cache_dir, real_samples=real_samples, seed=seed, device=device,
+        )
+        data = config.data.model_copy(update={"dir": data_dir}) if data_dir is not None else None
+        report = score_run(run_dir, options, workers, data=data)
+    except PalominoError as error:
+        raise _fail(error) from None
+    Console(soft_wrap=True).print(scores_table(report))
+    print(run_dir / "scores.json")
+
+
+classifier_app = typer.Typer(no_args_is_help=True, help="The small CNN behind the classifier extractor (FID/IS features, TVD's class predictions).")
+app.add_typer(classifier_app, name="classifier")
+
+
+@classifier_app.command("train")
+def classifier_train(
+    data: str = typer.Option(..., "--data", help="mnist, fashion_mnist, cifar10 or image_folder."),
+    out: Path = typer.Option(..., "--out", help="FILE.safetensors (metadata beside it in FILE.json)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the dataset's files are (default: its usual places)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Default: about 150,000 images' worth, 5 to 30 epochs."),
+    holdout: int = typer.Option(2000, "--holdout", min=1, help="Test images held out when only one split is present."),
+    train_size: int = typer.Option(0, "--train-size", min=0, help="Train on this many images (0 = all)."),
+    test_size: int = typer.Option(0, "--test-size", min=0, help="Test on this many images (0 = all)."),
+    seed: int = typer.Option(0, "--seed", min=0),
+) -> None:
+    """Train the classifier, report its test accuracy, save it; prints the file last."""
+    from pydantic import ValidationError
+
+    from palomino.config import DataConfig
+    from palomino.scoring.classifier import save_classifier, train_classifier
+
+    if data not in ("mnist", "fashion_mnist", "cifar10", "image_folder"):
+        raise _fail(ConfigError(f"--data {data!r}: the classifier needs a labelled image dataset: mnist, fashion_mnist, cifar10 or image_folder"))
+    if out.suffix != ".safetensors":
+        raise _fail(ConfigError(f"--out {out}: the classifier file must end in .safetensors"))
+    try:
+        config = DataConfig(name=data, dir=data_dir)
+    except ValidationError as error:
+        raise _fail(ConfigError(f"--data {data}: {error.errors()[0]['msg']}")) from None
+
+    def on_epoch(epoch: int, total: int, loss: float) -> None:
+        stderr.print(f"epoch {epoch}/{total}: loss {loss:.4f}", highlight=False)
+
+    try:
+        trained = train_classifier(config, seed=seed, epochs=epochs, holdout=holdout, train_size=train_size, test_size=test_size, on_epoch=on_epoch)
+        save_classifier(trained, out)
+    except PalominoError as error:
+        raise _fail(error) from None
+    meta = trained.meta
+    stderr.print(
+        f"{meta['dataset']}: test accuracy {meta['accuracy']:.2%} on {meta['test_size']:,} images "
+        f"(trained on {meta['train_size']:,}, {meta['epochs']} epochs, {meta['seconds']:.0f} s; {meta['split']})",
+        highlight=False,
+    )
+    print(out)
+
+
 def run() -> None:  # console-script entry point
     app()
 
