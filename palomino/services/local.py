@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -44,7 +46,47 @@ def _stop(processes: list[subprocess.Popen], grace: float = 15.0) -> None:
             process.wait()
 
 
-def run_up(config_yaml: str, cells: int, spares: int, out: Path, settings: ServiceSettings, port: int, console: Console) -> dict[str, Any]:
+def summarise_scores(entry: dict[str, Any]) -> str:
+    """One line of a scores.json entry: each metric's value, or the error."""
+    if entry.get("error"):
+        return f"not scored: {entry['error']}"
+    parts = []
+    for name, metric in entry.get("metrics", {}).items():
+        value = metric.get("value")
+        if name == "modes" and value is not None:
+            parts.append(f"modes {value}/{metric.get('modes')} (high quality {metric.get('high_quality', 0):.1%})")
+        else:
+            parts.append(f"{name} {value:.4g}" if isinstance(value, (int, float)) else f"{name} n/a")
+    return ", ".join(parts) or json.dumps(entry)[:200]
+
+
+def wait_for_scores(run_dir: Path, targets: int, timeout: float) -> dict[str, Any]:
+    """scores.json once it holds `targets` final results (or whatever it holds after `timeout`)."""
+    path = Path(run_dir) / "scores.json"
+    deadline = time.monotonic() + timeout
+    scores: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            scores = json.loads(path.read_text())
+        except (OSError, ValueError):
+            scores = {}
+        if ("best" in scores) + len(scores.get("cells", {})) >= targets:
+            break
+        time.sleep(0.5)
+    return scores
+
+
+def run_up(
+    config_yaml: str,
+    cells: int,
+    spares: int,
+    out: Path,
+    settings: ServiceSettings,
+    port: int,
+    console: Console,
+    scorers: int = 1,
+    score_timeout: float = 600.0,
+) -> dict[str, Any]:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     logs = Path(out) / ".up-logs" / time.strftime("%Y%m%d-%H%M%S")
@@ -63,6 +105,8 @@ def run_up(config_yaml: str, cells: int, spares: int, out: Path, settings: Servi
         prefix = f"up{port}"
         for i in range(cells + spares):
             workers.append(_spawn(["cell", "--worker-id", f"{prefix}-{i}"], logs / f"cell-{i}.log", env))
+        for i in range(scorers):
+            workers.append(_spawn(["scorer", "--name", f"{prefix}-scorer-{i}"], logs / f"scorer-{i}.log", env))
         experiment = client.submit(config_yaml)["id"]
         console.print(f"experiment {experiment}: {cells} cells + {spares} spares; logs in {logs}", highlight=False)
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
@@ -77,6 +121,16 @@ def run_up(config_yaml: str, cells: int, spares: int, out: Path, settings: Servi
             summary = client.wait(experiment, on_poll=on_poll)
         if summary["state"] != "finished":
             console.print(f"experiment {experiment} {summary['state']}: {summary['reason']}", highlight=False)
+        elif scorers and yaml.safe_load(config_yaml).get("scoring", {}).get("final", True):
+            # The best mixture and every cell's: the scorers' results land in scores.json.
+            targets = 1 + len(summary["cells"])
+            with console.status(f"scoring {targets} mixtures"):
+                scores = wait_for_scores(Path(summary["run_dir"]), targets, score_timeout)
+            best = scores.get("best")
+            if best is None:
+                console.print(f"no score arrived within {score_timeout:.0f} s; see {logs}", highlight=False)
+            else:
+                console.print(f"best mixture: {summarise_scores(best)}", highlight=False)
         return summary
     finally:
         _stop(workers)

@@ -65,6 +65,7 @@ class Experiment:
     done: dict[Coord, CellResult] = field(default_factory=dict)
     recorded: set[tuple[str, int]] = field(default_factory=set)  # (cell, iteration) in metrics.jsonl
     failures: list[dict[str, Any]] = field(default_factory=list)
+    laid_out: set[Coord] = field(default_factory=set)  # every coordinate of every layout (their last-value queues)
 
     @property
     def finished(self) -> bool:
@@ -90,24 +91,27 @@ class Experiment:
 
 
 def record_score(folder: Path, result: ScoreResult) -> None:
-    """Merge one result into scores.json: {"targets": {target: {...}}, "periodic": {"target@iteration": {...}}}."""
+    """Merge one result into scores.json, laid out as `palomino score` writes it ("best", "cells"),
+    plus "periodic": {"r-c@iteration": ...} for `scoring.every`. A failed job's entry is {"error": ...}."""
     import json
 
     from palomino.runs.checkpoints import atomic_write
-    from palomino.runs.directory import _jsonable
+    from palomino.runs.directory import _finite
 
     path = folder / "scores.json"
     try:
         scores = json.loads(path.read_text())
     except (OSError, ValueError):
         scores = {}
-    scores.setdefault("experiment", result.experiment)
+    scores.setdefault("run", result.experiment)
     entry = {"scorer": result.scorer, **({"error": result.error} if result.error else result.scores)}
-    if result.iteration is None:
-        scores.setdefault("targets", {})[result.target] = entry
+    if result.iteration is None and result.target == "best":
+        scores["best"] = entry
+    elif result.iteration is None:
+        scores.setdefault("cells", {})[result.target] = entry
     else:
         scores.setdefault("periodic", {})[f"{result.target}@{result.iteration}"] = {"iteration": result.iteration, **entry}
-    atomic_write(path, json.dumps(_jsonable(scores), indent=2).encode())
+    atomic_write(path, json.dumps(_finite(scores), indent=2, allow_nan=False).encode())
 
 
 async def preflight(settings: ServiceSettings) -> None:
@@ -179,6 +183,7 @@ class Orchestrator:
             self.workers[worker].free()
         log.info("experiment %s %s%s", experiment.id, state, f": {reason}" if reason else "")
         await self._event(experiment, "state", {"state": state, "reason": reason})
+        await self._forget_all_published(experiment)
 
     # ---- control messages -----------------------------------------------------------------
 
@@ -244,12 +249,14 @@ class Orchestrator:
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
             await self._enqueue_scoring(experiment, best)
+            await self._forget_all_published(experiment)
 
     async def _enqueue_scoring(self, experiment: Experiment, best: CellResult) -> None:
         """Score jobs for the best mixture and every cell's (scorers may come later: the queue keeps them)."""
-        scoring = getattr(experiment.config, "scoring", None)
-        if scoring is None or not scoring.final:
+        scoring = experiment.config.scoring
+        if not scoring.final:
             return
+        options = scoring.model_dump(mode="json", include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True)
         targets = [("best", best)] + [(str(coord), result) for coord, result in sorted(experiment.done.items())]
         for target, result in targets:
             job = ScoreJob(
@@ -258,7 +265,7 @@ class Orchestrator:
                 target=target,
                 mixture=result.description,
                 data=experiment.config.data.model_dump(mode="json"),
-                options=scoring.options(),
+                options=options,
             )
             try:
                 await self.scoring.enqueue(job, result.payload)
@@ -339,6 +346,7 @@ class Orchestrator:
             rows, cols = config.grid.rows, config.grid.cols  # exactly the configured grid when it is there
         topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
         experiment.topology = topology
+        experiment.laid_out.update(topology.cells())
         experiment.cells = dict(zip(topology.cells(), spares))
         experiment.state = "running"
         experiment.run.append_topology(topology, {str(c): w for c, w in experiment.cells.items()})
@@ -397,6 +405,11 @@ class Orchestrator:
         except (AMQPError, RuntimeError, ConnectionError) as error:
             log.warning("last-value queue of %s not deleted: %s", coord, error)
 
+    async def _forget_all_published(self, experiment: Experiment) -> None:
+        """The experiment is over: nothing will be restored from its snapshots any more."""
+        for coord in sorted(experiment.laid_out):
+            await self._forget_published(experiment, coord)
+
     async def _check_cells(self, experiment: Experiment) -> None:
         ttl = experiment.config.distributed.heartbeat_ttl
         dead = {coord: w for coord, w in experiment.cells.items() if coord not in experiment.done and self._is_dead(w, ttl)}
@@ -419,6 +432,7 @@ class Orchestrator:
         old = experiment.topology
         assert old is not None
         experiment.topology = Topology(rows, cols, old.kind, old.epoch + 1)
+        experiment.laid_out.update(experiment.topology.cells())
         experiment.run.append_topology(experiment.topology, {str(c): w for c, w in experiment.cells.items()})
         await self._event(experiment, "topology", experiment.summary(self.alive))
         return experiment.topology

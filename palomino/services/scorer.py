@@ -55,9 +55,12 @@ class Scorer:
         result = ScoreResult(job=job.job, experiment=job.experiment, target=job.target, iteration=job.iteration, scorer=self.name)
         try:
             result.scores = await asyncio.to_thread(score_job, job, payload)
-        except (PalominoError, ValueError, KeyError, OSError) as error:
+        except PalominoError as error:
             log.warning("job %s cannot be scored: %s", job.job, error)
-            result.error = f"{type(error).__name__}: {error}" if not isinstance(error, PalominoError) else str(error)
+            result.error = str(error)
+        except Exception as error:  # a payload safetensors rejects, a config that does not validate, …
+            log.warning("job %s cannot be scored: %s: %s", job.job, type(error).__name__, error, exc_info=True)
+            result.error = f"{type(error).__name__}: {error}"
         self.scored += 1
         log.info("job %s done in %.1f s%s", job.job, time.monotonic() - started, f" (error: {result.error})" if result.error else "")
         return result
