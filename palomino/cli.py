@@ -83,7 +83,10 @@ def train(
     latest: dict[str, float] = {}
 
     with Progress(*columns, console=stderr, transient=False) as progress:
-        task = progress.add_task(f"{cfg.grid.rows}×{cfg.grid.cols} cells", total=total, best="–")
+        grid = f"{cfg.grid.rows}×{cfg.grid.cols} cells"
+        if cfg.partitioned:
+            grid = f"{len(cfg.data.labels or ())} classes × {cfg.grid.per_class} cells"
+        task = progress.add_task(grid, total=total, best="–")
 
         def on_metrics(record: dict) -> None:
             score = record.get("score")
@@ -124,7 +127,11 @@ def train(
             print(run.path)
             raise typer.Exit(130) from None
 
-    if outcome.finished:
+    if outcome.finished and outcome.classes is not None:
+        per_class = ", ".join(f"{label}: {score:.4g} (cell {cell})" for label, (cell, score) in outcome.classes.items())
+        stderr.print(f"class mixture of {len(outcome.classes)} classes; best MMD² per class: {per_class}", highlight=False)
+        print(run.path)
+    elif outcome.finished:
         stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
         print(run.path)
     else:
@@ -139,8 +146,11 @@ def sample(
     n: int = typer.Option(..., "--n", min=1, help="How many samples."),
     out: Path = typer.Option(..., "--out", help=".npy (float32, data space) or .png (image grid / scatter plot)."),
     seed: int = typer.Option(0, "--seed"),
+    label: Optional[int] = typer.Option(
+        None, "--class", help="Draw from this class only (conditional or partitioned runs); else classes follow the priors."
+    ),
 ) -> None:
-    """Draw N samples from the run's best mixture, weights respected."""
+    """Draw N samples from the run's best mixture, weights respected (a partitioned run's: the class mixture)."""
     import numpy as np
 
     from palomino.runs import Mixture
@@ -153,7 +163,10 @@ def sample(
         mixture = Mixture.load(run_dir / "result")
     except PalominoError as error:
         raise _fail(error) from None
-    samples = mixture.sample(n, seed=seed)
+    try:
+        samples = mixture.sample(n, seed=seed, labels=None if label is None else [label] * n)
+    except PalominoError as error:  # a class the run cannot draw: a usage error
+        raise _fail(ConfigError(f"--class {label}: {error}")) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".npy":
         np.save(out, samples.numpy().astype(np.float32), allow_pickle=False)

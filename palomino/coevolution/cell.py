@@ -20,9 +20,9 @@ from palomino.coevolution.mixture import MixtureScore, evolve_weights
 from palomino.coevolution.mutation import mutate_learning_rates
 from palomino.coevolution.selection import replace_worst, tournament_select
 from palomino.config import ExperimentConfig
-from palomino.data import Dataset
-from palomino.grid import Coord, Topology
-from palomino.nn import build_discriminator, build_generator, get_loss
+from palomino.data import Dataset, class_subset, label_count
+from palomino.grid import ClassGrid, Coord, Topology
+from palomino.nn import apply, build_discriminator, build_generator, get_loss
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
 
 
@@ -43,9 +43,10 @@ class IterationReport:
     score: float
     mixture: dict[str, float]
     neighbours: dict[str, int]
+    label: int | None = None  # the class of a partitioned run's cell
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        record = {
             "iteration": self.iteration,
             "cell": list(self.cell),
             "epoch": self.epoch,
@@ -56,13 +57,19 @@ class IterationReport:
             "mixture": self.mixture,
             "neighbours": self.neighbours,
         }
+        if self.label is not None:
+            record["class"] = self.label
+        return record
 
 
 class Cell:
+    """One cell. On a class's sub-grid (`topology` a ClassGrid) it trains on that class's
+    samples of `dataset` only; with a conditional network, on (sample, label) pairs."""
+
     def __init__(
         self,
         coord: Coord,
-        topology: Topology,
+        topology: Topology | ClassGrid,
         config: ExperimentConfig,
         dataset: Dataset,
         *,
@@ -74,9 +81,27 @@ class Cell:
         self.config = config
         self.experiment = experiment
         self.device = torch.device(device)
+        self.label: int | None = topology.label if isinstance(topology, ClassGrid) else None
+        if config.partitioned and self.label is None:
+            raise ValueError(
+                f"cell {self.coord}: a partitioned experiment's cell needs its class's sub-grid "
+                "(palomino.grid.class_grid_at), not the whole grid"
+            )
+        if self.label is not None:
+            dataset = class_subset(dataset, self.label)
         self.data = dataset.samples.to(self.device)
         self.sample_shape = dataset.sample_shape
         self.kind = dataset.kind
+        self.conditional = config.network.conditional
+        self.label_count: int | None = None
+        self.labels: torch.Tensor | None = None  # conditional only: each sample's label
+        self.classes: list[int] = []  # conditional only: the labels present, for pictures
+        if self.conditional:
+            if dataset.labels is None:
+                raise ValueError(f"network.conditional needs labelled data; {dataset.name} has no labels")
+            self.label_count = label_count(dataset)
+            self.labels = dataset.labels.to(self.device)
+            self.classes = sorted(set(dataset.labels.tolist()))
         training = config.training
         self.fitness_loss = get_loss(training.losses[0])
         self.iteration = 0  # iterations completed
@@ -97,8 +122,11 @@ class Cell:
         self._order_on_device = self._order.to(self.device)  # moved once per epoch, not per batch
         self._cursor = 0
 
-    def relocate(self, coord: Coord, topology: Topology) -> None:
+    def relocate(self, coord: Coord, topology: Topology | ClassGrid) -> None:
         """Move to another coordinate / grid (a distributed run shrank); the individuals come along."""
+        label = topology.label if isinstance(topology, ClassGrid) else None
+        if label != self.label:
+            raise ValueError(f"cell {self.coord} trains class {self.label}; it cannot move to class {label}'s sub-grid")
         self.coord, self.topology = Coord(*coord), topology
         self._slots.clear()
         for ind in [*self.generators, *self.discriminators]:
@@ -114,7 +142,7 @@ class Cell:
         build = build_generator if role == "generator" else build_discriminator
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.rng.integers(2**62)) if seed is None else seed)
-            return build(self.config.network, self.sample_shape, self.kind).to(self.device)
+            return build(self.config.network, self.sample_shape, self.kind, self.label_count).to(self.device)
 
     def _new_individual(self, role: Role) -> Individual:
         network = self._build(role)
@@ -128,7 +156,8 @@ class Cell:
         training = self.config.training
         return training.batches_per_iteration or max(1, len(self.data) // training.batch_size)
 
-    def _next_batch(self) -> torch.Tensor:
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next training batch and, for a conditional network, its labels."""
         size = min(self.config.training.batch_size, len(self.data))
         if self._cursor + size > len(self._order):
             self._order = torch.randperm(len(self.data), generator=self._cpu_rng())
@@ -136,11 +165,20 @@ class Cell:
             self._cursor = 0
         index = self._order_on_device[self._cursor : self._cursor + size]
         self._cursor += size
-        return self.data[index]
+        return self._take(index)
 
-    def _random_real(self, n: int) -> torch.Tensor:
+    def _random_real(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         index = torch.from_numpy(self.rng.integers(0, len(self.data), size=n)).to(self.device)
-        return self.data[index]
+        return self._take(index)
+
+    def _take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.data[index], None if self.labels is None else self.labels[index]
+
+    def _sampled_labels(self, n: int) -> torch.Tensor | None:
+        """Labels for generated samples, drawn from the class priors (the labels of random samples)."""
+        if self.labels is None:
+            return None
+        return self._random_real(n)[1]
 
     def _noise(self, n: int) -> torch.Tensor:
         latent = self.config.network.latent_dim
@@ -180,11 +218,12 @@ class Cell:
         all_g = [*self.generators, *foreign_g]
         all_d = [*self.discriminators, *foreign_d]
 
-        # Fitness: all-vs-all on one shared draw of noise and real data.
+        # Fitness: all-vs-all on one shared draw of noise and real data (a conditional network's
+        # fakes take the real draw's labels: one draw from the priors, and pairs of one class).
         z_fit = self._noise(training.fitness.sample_size)
-        real_fit = self._random_real(training.fitness.sample_size)
-        fakes = self._generate(all_g, z_fit)
-        g_table, d_table, d_reals = loss_table(fakes, [d.network for d in all_d], real_fit, self.fitness_loss)
+        real_fit, y_fit = self._random_real(training.fitness.sample_size)
+        fakes = self._generate(all_g, z_fit, y_fit)
+        g_table, d_table, d_reals = loss_table(fakes, [d.network for d in all_d], real_fit, self.fitness_loss, labels=y_fit)
         mode = training.fitness.mode
         for ind, value in zip(all_g, aggregate(g_table, mode, dim=1).tolist()):
             ind.fitness = value
@@ -205,10 +244,10 @@ class Cell:
         losses_used, g_losses, d_losses = self._train(new_g, new_d)
 
         # Re-evaluate the trained individuals against the neighbourhood, then replace the worst.
-        new_fakes = self._generate(new_g, z_fit)
+        new_fakes = self._generate(new_g, z_fit, y_fit)
         # The neighbourhood's discriminators have not changed since: reuse their logits on real data.
-        g_new_table, _, _ = loss_table(new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss, d_reals)
-        _, d_new_table, _ = loss_table(fakes, [d.network for d in new_d], real_fit, self.fitness_loss)
+        g_new_table, _, _ = loss_table(new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss, d_reals, y_fit)
+        _, d_new_table, _ = loss_table(fakes, [d.network for d in new_d], real_fit, self.fitness_loss, labels=y_fit)
         for ind, value in zip(new_g, aggregate(g_new_table, mode, dim=1).tolist()):
             ind.fitness, ind.origin = value, str(self.coord)
         for ind, value in zip(new_d, aggregate(d_new_table, mode, dim=0).tolist()):
@@ -241,6 +280,7 @@ class Cell:
             score=self.score,
             mixture=dict(self.mixture_weights),
             neighbours={str(c): neighbours[c].iteration for c in others},
+            label=self.label,
         )
         self.iteration += 1
         return report
@@ -254,8 +294,8 @@ class Cell:
         }
 
     @torch.no_grad()
-    def _generate(self, generators: list[Individual], z: torch.Tensor) -> list[torch.Tensor]:
-        return [g.network(z) for g in generators]
+    def _generate(self, generators: list[Individual], z: torch.Tensor, labels: torch.Tensor | None = None) -> list[torch.Tensor]:
+        return [apply(g.network, z, labels) for g in generators]
 
     def _train(
         self, new_g: list[Individual], new_d: list[Individual]
@@ -264,6 +304,9 @@ class Cell:
         then every selected discriminator against a random selected generator (Lipizzaner's
         order and opponents: the sub-populations that selection drew from the neighbourhood,
         which adapt to each other, not the neighbours' frozen snapshots).
+
+        Conditional networks: the generator's labels are drawn from the class priors; the
+        discriminator sees the real batch with its labels and fakes made with the same labels.
 
         Step losses stay on the device (no per-step synchronisation); they are averaged once."""
         training = self.config.training
@@ -274,7 +317,7 @@ class Cell:
         d_losses: list[torch.Tensor] = []
         skip = training.discriminator_skip_each_nth_step
         for step in range(self._batches_per_iteration()):
-            real = self._next_batch()
+            real, real_labels = self._next_batch()
             loss_name = training.losses[int(self.rng.integers(len(training.losses)))]
             loss = losses[loss_name]
             losses_used[loss_name] += 1
@@ -283,8 +326,11 @@ class Cell:
                 for ind in new_g:
                     self._mutate(ind)
                     opponent = new_d[int(self.rng.integers(len(new_d)))].network
-                    fake = ind.network(self._noise(real.shape[0]))
-                    value = loss.generator(opponent(fake))
+                    if real_labels is None:
+                        value = loss.generator(opponent(ind.network(self._noise(real.shape[0]))))
+                    else:
+                        labels = self._sampled_labels(real.shape[0])
+                        value = loss.generator(opponent(ind.network(self._noise(real.shape[0]), labels), labels))
                     ind.optimizer.zero_grad(set_to_none=True)
                     value.backward(inputs=params[id(ind)])
                     ind.optimizer.step()
@@ -295,8 +341,8 @@ class Cell:
                     self._mutate(ind)
                     opponent = new_g[int(self.rng.integers(len(new_g)))].network
                     with torch.no_grad():
-                        fake = opponent(self._noise(real.shape[0]))
-                    value = loss.discriminator(ind.network, real, fake, generator=self.torch_rng)
+                        fake = apply(opponent, self._noise(real.shape[0]), real_labels)
+                    value = loss.discriminator(ind.network, real, fake, generator=self.torch_rng, labels=real_labels)
                     ind.optimizer.zero_grad(set_to_none=True)
                     value.backward(inputs=params[id(ind)])
                     ind.optimizer.step()
@@ -327,8 +373,16 @@ class Cell:
 
     def mixture_score(self, generators: list[Individual], samples: int) -> MixtureScore:
         per_component = max(2, -(-samples // len(generators)))
-        fakes = self._generate(generators, self._noise(per_component))
-        return MixtureScore.from_samples(fakes, self._random_real(samples))
+        z = self._noise(per_component)
+        fakes = self._generate(generators, z, self._sampled_labels(per_component))
+        return MixtureScore.from_samples(fakes, self._random_real(samples)[0])
+
+    def picture_labels(self, n: int) -> torch.Tensor | None:
+        """Labels for a picture of n conditional samples: each class in turn, in equal blocks."""
+        if not self.conditional:
+            return None
+        classes = torch.tensor(self.classes, device=self.device)
+        return classes[torch.arange(n, device=self.device) * len(classes) // n]
 
     @torch.no_grad()
     def samples(self, n: int) -> torch.Tensor:
@@ -336,7 +390,7 @@ class Cell:
         network = self.generators.best.network
         network.eval()
         try:
-            return network(self._noise(n)).cpu()
+            return apply(network, self._noise(n), self.picture_labels(n)).cpu()
         finally:
             network.train()
 
@@ -390,6 +444,22 @@ class Cell:
                     "origin": ind.origin,
                 }
         return tensors, meta
+
+    def adopt(self, snapshot: Snapshot) -> None:
+        """Take over the individuals a (dead) cell last published at this coordinate, and its progress.
+
+        Newer than its checkpoint but partial: every individual of a population becomes a copy of
+        the published centre one; data order and random streams stay this cell's own.
+        """
+        header = snapshot.header
+        for role, population in (("generator", self.generators), ("discriminator", self.discriminators)):
+            meta: IndividualMeta = getattr(header, role)
+            for ind in population:
+                ind.learning_rate, ind.fitness, ind.loss = meta.learning_rate, meta.fitness, meta.loss
+                ind.load_tensors(_on(self.device, snapshot.tensors, role + "."), role)  # sets the lr too
+        self.iteration = header.iteration + 1
+        self.mixture_weights = {str(k): float(v) for k, v in header.mixture.items()}
+        self.score = float("nan") if header.score is None else float(header.score)
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         """Inverse of `state`; raises ValueError if the checkpoint does not fit this cell."""

@@ -7,7 +7,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from palomino.nn import GanLoss
+from palomino.nn import GanLoss, apply
 
 Mode = Literal["average", "best", "worst"]
 
@@ -30,16 +30,18 @@ def loss_table(
     real: torch.Tensor,
     loss: GanLoss,
     d_reals: Sequence[torch.Tensor] | None = None,
+    labels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """(G×D generator losses, G×D discriminator losses, each D's logits on `real`).
 
     `d_reals` passes in logits already computed for these discriminators on `real`.
+    `labels`: conditional networks' labels, shared by `real` and every fake (generated with them).
     Tables are built on the device and moved once: no synchronisation per pair.
     """
-    d_reals = list(d_reals) if d_reals is not None else [d(real) for d in discriminators]
+    d_reals = list(d_reals) if d_reals is not None else [apply(d, real, labels) for d in discriminators]
     g_rows, d_rows = [], []
     for fake in fakes:
-        d_fakes = [d(fake) for d in discriminators]
+        d_fakes = [apply(d, fake, labels) for d in discriminators]
         g_rows.append(torch.stack([loss.generator(f) for f in d_fakes]))
         d_rows.append(torch.stack([loss.discriminator_from_logits(r, f) for r, f in zip(d_reals, d_fakes)]))
     return torch.stack(g_rows).cpu(), torch.stack(d_rows).cpu(), d_reals

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 LossName = Literal["bce", "mse", "heuristic", "wgan_gp"]
 DataName = Literal["mnist", "fashion_mnist", "cifar10", "image_folder", "gaussian_ring", "gaussian_grid"]
 MetricName = Literal["fid", "is", "kid", "tvd", "modes"]
+# Labels of each dataset whose label count is known without reading it (image_folder: one per
+# subfolder). Partitioned layouts need it torch-free (the orchestrator); tests/test_partitioned.py
+# checks it against the loaders.
+LABEL_COUNTS: dict[str, int] = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "gaussian_ring": 8, "gaussian_grid": 25}
 
 
 class _Strict(BaseModel):
@@ -17,10 +21,40 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class GridConfig(_Strict):
+class _QuietNewKeys(_Strict):
+    """Keys added later (`_quiet`) are left out of a dump while at their default: the config.yaml
+    (and mixture.json) of a run that does not use them reads exactly as before."""
+
+    _quiet: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_quiet_defaults(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in self._quiet:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                data.pop(name, None)
+        return data
+
+
+class GridConfig(_QuietNewKeys):
     rows: int = Field(3, ge=1, le=1024)
     cols: int = Field(3, ge=1, le=1024)
     neighbourhood: Literal["von_neumann", "moore"] = "von_neumann"
+    per_class: str = Field("1x1", description="data.partition=labels: each class's sub-grid, RxC")
+    _quiet: ClassVar[tuple[str, ...]] = ("per_class",)
+
+    @field_validator("per_class")
+    @classmethod
+    def _per_class(cls, value: str) -> str:
+        rows, sep, cols = str(value).lower().replace("×", "x").partition("x")
+        if not sep or not rows.strip().isdigit() or not cols.strip().isdigit() or int(rows) < 1 or int(cols) < 1:
+            raise ValueError("expected ROWSxCOLS with both ≥ 1, e.g. 1x1 or 2x2")
+        return f"{int(rows)}x{int(cols)}"
+
+    @property
+    def per_class_shape(self) -> tuple[int, int]:
+        rows, _, cols = self.per_class.partition("x")
+        return int(rows), int(cols)
 
 
 class FitnessConfig(_Strict):
@@ -68,7 +102,7 @@ class TrainingConfig(_Strict):
         return self
 
 
-class DataConfig(_Strict):
+class DataConfig(_QuietNewKeys):
     name: DataName = "gaussian_ring"
     dir: Path | None = None
     split: Literal["train", "test"] = "train"
@@ -76,13 +110,51 @@ class DataConfig(_Strict):
     image_size: int | None = Field(None, ge=8, le=1024)
     channels: Literal[1, 3] | None = None
     download: bool = True
+    classes: list[int] | None = Field(
+        None, min_length=1, description="keep only these labels (data.size then counts samples of these)"
+    )
+    partition: Literal["none", "labels"] = Field(
+        "none", description="labels: one sub-grid per class (grid.per_class), each training on its class only"
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("classes", "partition")
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        if any(label < 0 for label in value):
+            raise ValueError(f"labels are ≥ 0 (got {value})")
+        if len(set(value)) != len(value):
+            raise ValueError(f"each label at most once (got {value})")
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _labels_known(self) -> DataConfig:
+        count = LABEL_COUNTS.get(self.name)
+        if self.classes is not None and count is not None and max(self.classes) >= count:
+            raise ValueError(f"data.classes: {self.name} has labels 0–{count - 1}, not {max(self.classes)}")
+        if self.partition == "labels" and self.labels is None:
+            raise ValueError(f"data.classes: data.partition=labels on {self.name} needs the labels listed, e.g. [0, 1, 2]")
+        return self
+
+    @property
+    def labels(self) -> tuple[int, ...] | None:
+        """The labels a run uses: data.classes, else all of a dataset whose count is known (else None)."""
+        if self.classes is not None:
+            return tuple(self.classes)
+        count = LABEL_COUNTS.get(self.name)
+        return tuple(range(count)) if count is not None else None
 
 
-class NetworkConfig(_Strict):
+class NetworkConfig(_QuietNewKeys):
     name: Literal["mlp", "dcgan", "sngan"] = "mlp"
     latent_dim: int = Field(64, ge=1)
     hidden: int = Field(256, ge=1)
     width: int = Field(64, ge=1)
+    conditional: bool = Field(False, description="label embedding joined to z and to D's input (a CGAN)")
+    label_dim: int = Field(16, ge=1, description="size of a conditional network's label embedding")
+    _quiet: ClassVar[tuple[str, ...]] = ("conditional", "label_dim")
 
 
 class DistributedConfig(_Strict):
@@ -129,6 +201,34 @@ class ExperimentConfig(_Strict):
         if value != "cpu" and not value.startswith("cuda"):
             raise ValueError("device must be 'cpu' or 'cuda[:N]'")
         return value
+
+    @model_validator(mode="after")
+    def _labels_fit(self) -> ExperimentConfig:
+        data = self.data
+        if data.partition != "labels":
+            return self
+        if self.network.conditional:
+            raise ValueError(
+                "network.conditional: a partitioned run trains each class on its own sub-grid, so a "
+                "conditional network would only ever see one label; use data.partition=none or conditional=false"
+            )
+        assert data.labels is not None  # DataConfig checked it
+        # A partitioned grid's cell ids: class k's sub-grid takes rows k·R … k·R+R−1 (palomino.grid.partition).
+        per_rows, per_cols = self.grid.per_class_shape
+        extent = (len(data.labels) * per_rows, per_cols)
+        given = (self.grid.rows, self.grid.cols)
+        if {"rows", "cols"} & self.grid.model_fields_set and given != extent:
+            raise ValueError(
+                f"grid.rows: a partitioned run's grid is classes × grid.per_class = {extent[0]}×{extent[1]} "
+                f"(got {given[0]}×{given[1]}); leave grid.rows and grid.cols out and set grid.per_class"
+            )
+        if given != extent:
+            self.grid.rows, self.grid.cols = extent
+        return self
+
+    @property
+    def partitioned(self) -> bool:
+        return self.data.partition == "labels"
 
     @property
     def cells(self) -> int:

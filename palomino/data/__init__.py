@@ -6,9 +6,11 @@ dataset's name.
 
 from __future__ import annotations
 
+import copy as _copy
 from typing import Any, Callable
 
 from palomino.data.cifar import load_cifar10
+from palomino.data.classes import class_counts, class_priors, class_subset, label_count, select_classes
 from palomino.data.dataset import Dataset
 from palomino.data.folder import load_folder
 from palomino.data.idx import load_idx, read_idx
@@ -27,11 +29,38 @@ DATASET_NAMES = tuple(_LOADERS)
 
 
 def load_dataset(cfg: Any, seed: int = 0) -> Dataset:
-    """Load the dataset a DataConfig (duck-typed) names; `seed` drives toys and subsetting."""
+    """Load the dataset a DataConfig (duck-typed) names; `seed` drives toys and subsetting.
+
+    With `classes` set, only those labels are kept and `size` counts samples of those.
+    """
     loader = _LOADERS.get(cfg.name)
     if loader is None:
         raise DatasetError(f"unknown dataset {cfg.name!r}; valid names: {', '.join(DATASET_NAMES)}")
-    return loader(cfg, seed)
+    classes = getattr(cfg, "classes", None)
+    if not classes:
+        return loader(cfg, seed)
+    whole = loader(_all_samples(cfg), seed)
+    return select_classes(whole, classes, cfg.size, seed)
 
 
-__all__ = ["DATASET_NAMES", "Dataset", "DatasetError", "load_dataset", "read_idx"]
+def _all_samples(cfg: Any) -> Any:
+    """`cfg` with size 0: the class filter subsets afterwards."""
+    if hasattr(cfg, "model_copy"):
+        return cfg.model_copy(update={"size": 0})
+    copy = _copy.copy(cfg)
+    copy.size = 0
+    return copy
+
+
+__all__ = [
+    "DATASET_NAMES",
+    "Dataset",
+    "DatasetError",
+    "class_counts",
+    "class_priors",
+    "class_subset",
+    "label_count",
+    "load_dataset",
+    "read_idx",
+    "select_classes",
+]

@@ -1,6 +1,18 @@
 """Torus topology and neighbourhoods (pure Python, no torch)."""
 
 from palomino.grid.layout import rectangle, relayout
+from palomino.grid.partition import ClassGrid, Partition, class_grid_at, class_rectangle, partition_grid
 from palomino.grid.topology import Coord, Topology, parse_coord
 
-__all__ = ["Coord", "Topology", "parse_coord", "rectangle", "relayout"]
+__all__ = [
+    "ClassGrid",
+    "Coord",
+    "Partition",
+    "Topology",
+    "class_grid_at",
+    "class_rectangle",
+    "parse_coord",
+    "partition_grid",
+    "rectangle",
+    "relayout",
+]

@@ -7,6 +7,12 @@ from typing import Literal, Protocol
 from torch import nn
 
 from palomino.errors import ConfigError
+from palomino.nn.conditional import (
+    ConditionalDCGANDiscriminator,
+    ConditionalDCGANGenerator,
+    ConditionalMLPDiscriminator,
+    ConditionalMLPGenerator,
+)
 from palomino.nn.dcgan import SIZES, DCGANDiscriminator, DCGANGenerator
 from palomino.nn.mlp import MLPDiscriminator, MLPGenerator
 
@@ -15,7 +21,10 @@ Kind = Literal["points", "image"]
 
 
 class NetworkSpec(Protocol):
-    """What the builders read (config.models.NetworkConfig, or any object with these)."""
+    """What the builders read (config.models.NetworkConfig, or any object with these).
+
+    Optional: `conditional` (default False) and `label_dim` (default 16).
+    """
 
     name: str
     latent_dim: int
@@ -23,20 +32,45 @@ class NetworkSpec(Protocol):
     width: int
 
 
-def build_generator(network: NetworkSpec, sample_shape: tuple[int, ...], kind: Kind) -> nn.Module:
-    """Generator mapping z (B, latent_dim) to samples (B, *sample_shape). Init draws from torch's global RNG only."""
+def build_generator(
+    network: NetworkSpec, sample_shape: tuple[int, ...], kind: Kind, label_count: int | None = None
+) -> nn.Module:
+    """Generator mapping z (B, latent_dim) to samples (B, *sample_shape); a conditional one
+    (`network.conditional`) maps (z, labels in [0, label_count)). Init draws from torch's global RNG only."""
+    labels = _label_args(network, label_count)
     if network.name == "mlp":
+        if labels:
+            return ConditionalMLPGenerator(network.latent_dim, network.hidden, sample_shape, tanh=kind == "image", **labels)
         return MLPGenerator(network.latent_dim, network.hidden, sample_shape, tanh=kind == "image")
     channels, size = _conv_image(network, sample_shape, kind)
+    if labels:
+        return ConditionalDCGANGenerator(network.latent_dim, network.width, channels, size, **labels)
     return DCGANGenerator(network.latent_dim, network.width, channels, size)
 
 
-def build_discriminator(network: NetworkSpec, sample_shape: tuple[int, ...], kind: Kind) -> nn.Module:
-    """Discriminator mapping samples (B, *sample_shape) to raw logits (B,)."""
+def build_discriminator(
+    network: NetworkSpec, sample_shape: tuple[int, ...], kind: Kind, label_count: int | None = None
+) -> nn.Module:
+    """Discriminator mapping samples (B, *sample_shape) (and labels, if conditional) to raw logits (B,)."""
+    labels = _label_args(network, label_count)
     if network.name == "mlp":
+        if labels:
+            return ConditionalMLPDiscriminator(network.hidden, sample_shape, **labels)
         return MLPDiscriminator(network.hidden, sample_shape)
     channels, size = _conv_image(network, sample_shape, kind)
-    return DCGANDiscriminator(network.width, channels, size, spectral=network.name == "sngan")
+    spectral = network.name == "sngan"
+    if labels:
+        return ConditionalDCGANDiscriminator(network.width, channels, size, spectral=spectral, label_count=labels["label_count"])
+    return DCGANDiscriminator(network.width, channels, size, spectral=spectral)
+
+
+def _label_args(network: NetworkSpec, label_count: int | None) -> dict[str, int]:
+    """{} for an unconditional network; the embedding's arguments for a conditional one."""
+    if not getattr(network, "conditional", False):
+        return {}
+    if not label_count or label_count < 1:
+        raise ConfigError("network.conditional needs labelled data (how many labels the dataset has)")
+    return {"label_count": label_count, "label_dim": getattr(network, "label_dim", 16)}
 
 
 def _conv_image(network: NetworkSpec, sample_shape: tuple[int, ...], kind: Kind) -> tuple[int, int]:

@@ -6,6 +6,8 @@ BCE: −log σ(x) = softplus(−x), −log(1 − σ(x)) = softplus(x)). Every lo
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,16 +37,23 @@ class GanLoss:
         *,
         penalty: bool = True,
         generator: torch.Generator | None = None,
+        labels: Tensor | None = None,
     ) -> Tensor:
         """Discriminator's loss on a batch. `fake` is detached: this loss trains D only.
 
         `penalty=False` skips any gradient penalty (cheap fitness evaluation); `generator`
         seeds the penalty's randomness (WGAN-GP's interpolation), for deterministic runs.
+        `labels`: a conditional D's labels, shared by `real` and `fake` (fakes are generated
+        with the real batch's labels, so a penalty's interpolated pairs have one label).
         """
         fake = fake.detach()
-        loss = self.discriminator_from_logits(D(real), D(fake))
+        if labels is None:
+            loss = self.discriminator_from_logits(D(real), D(fake))
+        else:
+            loss = self.discriminator_from_logits(D(real, labels), D(fake, labels))
         if penalty and self.gp_weight:
-            loss = loss + self.gp_weight * gradient_penalty(D, real, fake, generator=generator)
+            critic = D if labels is None else (lambda x: D(x, labels[: len(x)]))
+            loss = loss + self.gp_weight * gradient_penalty(critic, real, fake, generator=generator)
         return loss
 
 
@@ -94,7 +103,9 @@ class WGANGPLoss(GanLoss):
         return d_fake.mean() - d_real.mean()
 
 
-def gradient_penalty(D: nn.Module, real: Tensor, fake: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+def gradient_penalty(
+    D: nn.Module | Callable[[Tensor], Tensor], real: Tensor, fake: Tensor, *, generator: torch.Generator | None = None
+) -> Tensor:
     """E[(‖∇D(x̂)‖₂ − 1)²] on x̂ drawn uniformly on the segments between paired real and fake samples."""
     n = min(len(real), len(fake))  # pair what we have: fitness batches may differ in size
     real, fake = real[:n].detach(), fake[:n].detach()

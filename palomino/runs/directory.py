@@ -94,11 +94,14 @@ class RunDirectory:
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append(self.metrics_path, record)
 
-    def append_topology(self, topology: Topology, assignment: dict[str, str]) -> None:
-        self._append(
-            self.topology_path,
-            {"epoch": topology.epoch, "rows": topology.rows, "cols": topology.cols, "cells": assignment},
-        )
+    def append_topology(
+        self, topology: Topology, assignment: dict[str, str], classes: dict[str, dict[str, int]] | None = None
+    ) -> None:
+        """`classes` (partitioned runs): label → its sub-grid's rows, cols and row_offset."""
+        record: dict[str, Any] = {"epoch": topology.epoch, "rows": topology.rows, "cols": topology.cols, "cells": assignment}
+        if classes is not None:
+            record["classes"] = classes
+        self._append(self.topology_path, record)
 
     def metrics(self) -> Iterator[dict[str, Any]]:
         return read_jsonl(self.metrics_path)

@@ -1,4 +1,8 @@
-"""Embedded mode: every cell of the grid in this process, through the in-memory adapters."""
+"""Embedded mode: every cell of the grid in this process, through the in-memory adapters.
+
+A partitioned run (data.partition: labels) is the same with one sub-grid per class
+(palomino.grid.partition): its cells are ordinary cells, each on its class's torus.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,12 @@ import torch
 from palomino.coevolution import Cell
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
-from palomino.grid import Coord, Topology
+from palomino.grid import ClassGrid, Coord, Topology, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
 from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings, run_cell
-from palomino.runs.result import cell_result, write_result
+from palomino.runs.result import cell_result, write_class_result, write_result
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,18 @@ class TrainOutcome:
     finished: bool
     best_cell: str | None = None
     best_score: float | None = None
+    classes: dict[int, tuple[str, float]] | None = None  # partitioned: label → (best cell, its score)
+
+
+def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | ClassGrid]]:
+    """The grid's extent and each cell's torus: the whole grid, or its class's sub-grid."""
+    kind = config.grid.neighbourhood
+    if not config.partitioned:
+        topology = Topology(config.grid.rows, config.grid.cols, kind)
+        return topology, {coord: topology for coord in topology.cells()}
+    assert config.data.labels is not None
+    partition = partition_grid(config.data.labels, config.grid.per_class_shape, kind)
+    return Topology(partition.rows, partition.cols, kind), {coord: partition.grid_of(coord) for coord in partition.cells()}
 
 
 def restore_cells(run: RunDirectory, cells: list[Cell], synchronous: bool) -> None:
@@ -78,14 +94,15 @@ async def train_embedded(
     on_restored: Callable[[int], None] | None = None,
 ) -> TrainOutcome:
     stop = stop or asyncio.Event()
-    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
-    cells = [Cell(coord, topology, config, dataset, experiment=run.experiment, device=config.device) for coord in topology.cells()]
+    topology, tori = layout(config)
+    cells = [Cell(coord, torus, config, dataset, experiment=run.experiment, device=config.device) for coord, torus in tori.items()]
     if resume:
         restore_cells(run, cells, config.training.synchronous)
         if on_restored:
             on_restored(sum(cell.iteration for cell in cells))
     else:
-        run.append_topology(topology, {str(c.coord): f"embedded-{c.coord}" for c in cells})
+        classes = {str(c.label): c.topology.describe() for c in cells if isinstance(c.topology, ClassGrid)}
+        run.append_topology(topology, {str(c.coord): f"embedded-{c.coord}" for c in cells}, classes or None)
     if not run.real_samples_path.exists():
         run.write_real_samples(real_png(dataset, seed=config.seed))
     bus, liveness = InMemorySnapshotBus(), InMemoryLiveness()
@@ -122,5 +139,9 @@ async def train_embedded(
         return TrainOutcome(finished=False)
     snapshots = {c.coord: await bus.newest(c.coord) for c in cells}
     results = [await asyncio.to_thread(cell_result, cell, snapshots, dataset, run.experiment) for cell in cells]
+    if config.partitioned:
+        per_class = write_class_result(run, results, list(config.data.labels or ()))
+        classes = {label: (r.cell, r.score) for label, r in per_class.items()}
+        return TrainOutcome(finished=True, classes=classes)
     best = write_result(run, results)
     return TrainOutcome(finished=True, best_cell=best.cell, best_score=best.score)

@@ -1,6 +1,10 @@
 """A run's result: every cell's neighbourhood mixture scored and ranked, the best saved to result/,
 each one to result/cells/<r>-<c>/.
 
+A partitioned run (cells whose mixtures carry a "class") ranks each class's cells apart: the
+best of class c goes to result/classes/<c>/, and result/mixture.json describes the class
+mixture p(x) = Σ_c p(c) p(x | c) over them, p(c) the class's share of the training data.
+
 `cell_result` runs where the cell is (torch); `write_result` wherever the run directory is
 (the embedded trainer, or the torch-free orchestrator from cells' `done` messages).
 """
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
     from palomino.wire import Snapshot
 
 FINAL_SCORE_SAMPLES = 2000
+CLASS_MIXTURE = "class_mixture"  # result/mixture.json's "type" for a partitioned run
 
 
 @dataclass
@@ -46,12 +51,16 @@ def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Datase
     """Score a cell's neighbourhood mixture as it sees it now, on a larger sample than in training."""
     import numpy as np
 
+    from palomino.data import class_counts, class_priors
     from palomino.runs.images import picture_of, png_bytes
     from palomino.runs.mixture import Mixture
 
     parts = cell.neighbourhood_mixture(snapshots)
     weights = np.array([w for _, w, _ in parts])
     score = cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights)
+    info = {"cell": str(cell.coord), "score": score, "score_name": "mmd2", "data": cell.config.data.name, "experiment": experiment}
+    if cell.label is not None:  # its class's samples in the training data: the class prior's numerator
+        info.update({"class": cell.label, "class_count": class_counts(dataset)[cell.label]})
     mixture = Mixture(
         generators=[ind.network for _, _, ind in parts],
         weights=weights,
@@ -59,16 +68,25 @@ def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Datase
         network=cell.config.network,
         sample_shape=dataset.sample_shape,
         kind=dataset.kind,
-        info={"cell": str(cell.coord), "score": score, "score_name": "mmd2", "data": cell.config.data.name, "experiment": experiment},
+        info=info,
+        priors=class_priors(dataset) if cell.conditional else None,
+        label_count=cell.label_count,
     )
     payload, description = mixture.encode()
-    samples = mixture.sample(64 if dataset.kind == "image" else 2500, seed=cell.config.seed)
+    n = 64 if dataset.kind == "image" else 2500
+    labels = cell.picture_labels(n)
+    samples = mixture.sample(n, seed=cell.config.seed, labels=None if labels is None else labels.cpu())
     png = png_bytes(picture_of(samples, dataset.kind, dataset.modes))
     return CellResult(str(cell.coord), score, mixture.components, weights.tolist(), payload, description, png)
 
 
 def write_result(run: RunDirectory, results: list[CellResult]) -> CellResult:
-    """Rank the cells' mixtures; the best becomes result/mixture.* and result/samples.png."""
+    """Rank the cells' mixtures; the best becomes result/mixture.* and result/samples.png.
+
+    A partitioned run's results (their mixtures carry a "class") go to `write_class_result`;
+    the best-scoring class's best is returned then."""
+    if any("class" in r.description for r in results):
+        return min(write_class_result(run, results).values(), key=lambda r: r.score)
     ranked = sorted(results, key=lambda r: r.score)
     best = ranked[0]
     save_encoded(run.result_dir, best.payload, best.description)
@@ -82,3 +100,77 @@ def write_result(run: RunDirectory, results: list[CellResult]) -> CellResult:
     if best.samples_png:
         atomic_write(run.result_dir / "samples.png", best.samples_png)
     return best
+
+
+def write_class_result(run: RunDirectory, results: list[CellResult], labels: list[int] | None = None) -> dict[int, CellResult]:
+    """A partitioned run's result/ (torch-free): each class's best mixture in classes/<c>/, every
+    cell's in cells/<r>-<c>/, the class mixture in mixture.json, ranking.json class by class,
+    and samples.png with each class's samples side by side. `labels`: the classes that must be
+    there (ValueError naming the first without a result). Returns label → its best result."""
+    by_class: dict[int, list[CellResult]] = {}
+    for result in results:
+        if "class" not in result.description:
+            raise ValueError(f"cell {result.cell}'s mixture has no class: not a partitioned run's result")
+        by_class.setdefault(int(result.description["class"]), []).append(result)
+    missing = sorted(set(labels or []) - set(by_class))
+    if missing:
+        raise ValueError(f"class {missing[0]} has no result: every cell of its sub-grid was lost")
+    best = {label: min(group, key=lambda r: r.score) for label, group in sorted(by_class.items())}
+    total = sum(int(r.description["class_count"]) for r in best.values())
+    for result in results:
+        save_encoded(run.result_dir / "cells" / result.cell, result.payload, result.description)
+    classes: dict[str, Any] = {}
+    for label, result in best.items():
+        folder = run.result_dir / "classes" / str(label)
+        save_encoded(folder, result.payload, result.description)
+        if result.samples_png:
+            atomic_write(folder / "samples.png", result.samples_png)
+        count = int(result.description["class_count"])
+        classes[str(label)] = {
+            "path": f"classes/{label}", "prior": count / total, "count": count, "cell": result.cell, "score": result.score,
+        }
+    first = best[min(best)].description
+    description = {
+        "type": CLASS_MIXTURE,
+        "classes": classes,
+        "kind": first.get("kind"),
+        "sample_shape": first.get("sample_shape"),
+        "network": first.get("network"),
+        "data": first.get("data"),
+        "experiment": first.get("experiment"),
+        "score_name": first.get("score_name", "mmd2"),
+    }
+    atomic_write(run.result_dir / "mixture.json", json.dumps(description, indent=2).encode())
+    ranking = {
+        "score": "mmd2 (lower is better; compare cells of one class only)",
+        "ranking": [
+            {"cell": r.cell, "class": label, "score": r.score, "components": r.components, "weights": r.weights}
+            for label, group in sorted(by_class.items())
+            for r in sorted(group, key=lambda r: r.score)
+        ],
+    }
+    atomic_write(run.result_dir / "ranking.json", json.dumps(ranking, indent=2).encode())
+    pictures = [r.samples_png for r in best.values() if r.samples_png]
+    if pictures:
+        atomic_write(run.result_dir / "samples.png", tile_pngs(pictures))
+    return best
+
+
+def tile_pngs(pictures: list[bytes], gap: int = 8) -> bytes:
+    """PNG pictures side by side in a near-square grid, in order (Pillow only, no torch)."""
+    import io
+    import math
+
+    from PIL import Image
+
+    images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
+    width, height = max(i.width for i in images), max(i.height for i in images)
+    columns = math.ceil(math.sqrt(len(images)))
+    rows = math.ceil(len(images) / columns)
+    canvas = Image.new("RGB", (columns * (width + gap) - gap, rows * (height + gap) - gap), "white")
+    for index, image in enumerate(images):
+        r, c = divmod(index, columns)
+        canvas.paste(image, (c * (width + gap), r * (height + gap)))
+    buffer = io.BytesIO()
+    canvas.save(buffer, format="PNG")
+    return buffer.getvalue()
