@@ -16,7 +16,14 @@ from conftest import REPO
 from palomino.config import DataConfig
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring import ScoringContext, ScoringOptions
-from palomino.scoring.classifier import ClassifierNet, TrainedClassifier, adapt_images, classifier_split, load_classifier, save_classifier
+from palomino.scoring.classifier import (
+    ClassifierNet,
+    TrainedClassifier,
+    adapt_images,
+    classifier_split,
+    load_classifier,
+    save_classifier,
+)
 from palomino.scoring.extractors import build_extractor
 
 SHARED_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
@@ -42,6 +49,7 @@ def test_only_the_test_split_here_gives_8000_for_training_and_2000_for_testing()
     split = classifier_split(DataConfig(name="mnist", dir=SHARED_MNIST), holdout=2000, seed=0)
     assert (len(split.train), len(split.test)) == (8000, 2000)
     assert "only the test split is here" in split.description
+
     def images(dataset) -> set[bytes]:
         return {row.numpy().tobytes() for row in dataset.samples.flatten(1)}
 
@@ -58,7 +66,10 @@ def test_fashion_mnist_has_both_splits_and_uses_the_standard_one() -> None:
     if not (folder / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip("Debian's Fashion-MNIST is not installed")
     split = classifier_split(DataConfig(name="fashion_mnist", dir=folder))
-    assert (len(split.train), len(split.test)) == (60_000, 10_000) and split.description == "standard train / test split"
+    assert (len(split.train), len(split.test)) == (
+        60_000,
+        10_000,
+    ) and split.description == "standard train / test split"
 
 
 def test_saved_classifier_loads_to_the_same_predictions_and_refuses_tampering(tmp_path: Path) -> None:
@@ -105,5 +116,8 @@ def test_extractor_gives_features_and_logits_for_any_image_size(tmp_path: Path) 
 def test_a_classifier_of_another_dataset_is_refused_with_the_command_to_train_the_right_one(tmp_path: Path) -> None:
     path = save_classifier(untrained("fashion_mnist"), tmp_path / "fashion.safetensors")
     options = ScoringOptions(classifier=path, cache_dir=tmp_path, metrics=["fid"])
-    with pytest.raises(ConfigError, match=rf"trained on fashion_mnist, but the data is mnist.*palomino classifier train --data mnist --data-dir {SHARED_MNIST}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"trained on fashion_mnist, but the data is mnist.*palomino classifier train --data mnist --data-dir {SHARED_MNIST}",
+    ):
         ScoringContext.prepare(DataConfig(name="mnist", dir=SHARED_MNIST, split="test", size=100), options)

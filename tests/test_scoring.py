@@ -24,7 +24,7 @@ from palomino.runs import Mixture
 from palomino.scoring import ScoringContext, ScoringOptions, mode_coverage, parse_metrics, score_mixture, score_run
 from palomino.scoring.extractors import build_extractor
 from palomino.scoring.metrics import compute_metrics, fid_metric, inception_score_metric, kid_metric
-from palomino.scoring.reference import RealStatistics, reference_statistics
+from palomino.scoring.reference import RealStatistics
 from palomino.scoring.tvd import ClassDistributionTVD, total_variation
 
 SHARED_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
@@ -77,7 +77,9 @@ def test_fid_of_a_set_against_itself_is_zero() -> None:
 
 
 def test_fid_against_a_shifted_gaussian_set_matches_the_closed_form() -> None:
-    cov = torch.tensor([[1.0, 0.5, 0.0, 0.0], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 0.8, 0.1], [0.0, 0.0, 0.1, 1.2]], dtype=torch.float64)
+    cov = torch.tensor(
+        [[1.0, 0.5, 0.0, 0.0], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 0.8, 0.1], [0.0, 0.0, 0.1, 1.2]], dtype=torch.float64
+    )
     real = gaussian(20_000, torch.zeros(4, dtype=torch.float64), cov, seed=2)
     shift = torch.tensor([1.0, -0.5, 0.7, 0.3], dtype=torch.float64)
     # The same set shifted by δ: equal covariances, so the closed form is ‖δ‖².
@@ -86,8 +88,12 @@ def test_fid_against_a_shifted_gaussian_set_matches_the_closed_form() -> None:
 
 def test_fid_of_two_gaussian_sets_matches_the_closed_form() -> None:
     mean1, mean2 = torch.zeros(4, dtype=torch.float64), torch.tensor([1.0, -0.5, 0.7, 0.3], dtype=torch.float64)
-    cov1 = torch.tensor([[1.0, 0.5, 0.0, 0.0], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 0.8, 0.1], [0.0, 0.0, 0.1, 1.2]], dtype=torch.float64)
-    cov2 = torch.tensor([[2.0, -0.3, 0.0, 0.4], [-0.3, 0.6, 0.0, 0.0], [0.0, 0.0, 1.1, 0.0], [0.4, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    cov1 = torch.tensor(
+        [[1.0, 0.5, 0.0, 0.0], [0.5, 1.5, 0.2, 0.0], [0.0, 0.2, 0.8, 0.1], [0.0, 0.0, 0.1, 1.2]], dtype=torch.float64
+    )
+    cov2 = torch.tensor(
+        [[2.0, -0.3, 0.0, 0.4], [-0.3, 0.6, 0.0, 0.0], [0.0, 0.0, 1.1, 0.0], [0.4, 0.0, 0.0, 1.0]], dtype=torch.float64
+    )
     real, fake = gaussian(60_000, mean1, cov1, seed=2), gaussian(60_000, mean2, cov2, seed=3)
     fid = fid_of(real, fake)
     # Exactly the closed form of the two sets' own moments (an independent route to the matrix square root) ...
@@ -157,7 +163,9 @@ def test_metric_names_and_options_are_validated_with_the_flag_named() -> None:
         ScoringOptions.build(extractor="vgg")
 
 
-def test_inception_without_weights_says_which_flag_or_variable_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inception_without_weights_says_which_flag_or_variable_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty hub cache: nothing to find, nothing fetched
     monkeypatch.delenv("PALOMINO_INCEPTION_WEIGHTS", raising=False)
     with pytest.raises(ConfigError) as error:
@@ -179,13 +187,17 @@ def test_inception_weights_without_torch_fidelity_say_what_to_install(tmp_path: 
         pass
     weights = tmp_path / "weights.safetensors"
     weights.write_bytes(b"not read before the import fails")
-    with pytest.raises(PalominoError, match=r"needs torch-fidelity.*pip install 'palomino\[vision\]'.*--extractor classifier"):
+    with pytest.raises(
+        PalominoError, match=r"needs torch-fidelity.*pip install 'palomino\[vision\]'.*--extractor classifier"
+    ):
         build_extractor("inception", inception_weights=weights)
 
 
 def test_classifier_extractor_without_a_file_says_which_command_makes_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PALOMINO_CLASSIFIER", raising=False)
-    with pytest.raises(ConfigError, match=r"--classifier FILE \(or set PALOMINO_CLASSIFIER\).*palomino classifier train --data mnist"):
+    with pytest.raises(
+        ConfigError, match=r"--classifier FILE \(or set PALOMINO_CLASSIFIER\).*palomino classifier train --data mnist"
+    ):
         build_extractor("classifier")
 
 
@@ -210,14 +222,19 @@ def test_palomino_score_on_a_toy_run_reports_modes_for_every_mixture_in_parallel
     assert set(report["cells"]) == {"0-0", "0-1"} and report["workers"] == 2
     assert report["best"]["cell"] in report["cells"]
     best = report["best"]
-    assert best["metrics"]["fid"] == {"value": None, "not_applicable": "fid scores images; gaussian_ring is 2-D points (use modes)"}
+    assert best["metrics"]["fid"] == {
+        "value": None,
+        "not_applicable": "fid scores images; gaussian_ring is 2-D points (use modes)",
+    }
     modes = best["metrics"]["modes"]
     assert best["n"] == 2500 and modes["modes"] == 8 and modes["value"] == sum(c >= 20 for c in modes["counts"])
     assert sum(modes["counts"]) == round(modes["high_quality"] * 2500)
 
     # The same numbers in this process, from the mixture itself: the parallel workers changed nothing.
     mixture = Mixture.load(toy_run / "result" / "cells" / report["best"]["cell"])
-    again = score_mixture(mixture, DataConfig(name="gaussian_ring", size=500), ScoringOptions(metrics=["modes"]), data_seed=7)
+    again = score_mixture(
+        mixture, DataConfig(name="gaussian_ring", size=500), ScoringOptions(metrics=["modes"]), data_seed=7
+    )
     assert again["metrics"]["modes"] == modes
     assert report["cells"][report["best"]["cell"]]["metrics"] == best["metrics"]
 
@@ -263,8 +280,21 @@ def mnist_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("classifier")
     out = folder / "mnist.safetensors"
     done = palomino(
-        "classifier", "train", "--data", "mnist", "--data-dir", SHARED_MNIST, "--out", out,
-        "--train-size", "4000", "--test-size", "1000", "--epochs", "4", cwd=folder,
+        "classifier",
+        "train",
+        "--data",
+        "mnist",
+        "--data-dir",
+        SHARED_MNIST,
+        "--out",
+        out,
+        "--train-size",
+        "4000",
+        "--test-size",
+        "1000",
+        "--epochs",
+        "4",
+        cwd=folder,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert last_line(done.stdout) == str(out)
@@ -343,7 +373,18 @@ def test_palomino_score_on_an_mnist_run(mnist_classifier: Path, tmp_path: Path) 
     assert f"palomino classifier train --data mnist --data-dir {SHARED_MNIST} --out FILE.safetensors" in missing.stderr
 
     cache = tmp_path / "cache"
-    args = ("score", run, "--classifier", mnist_classifier, "--samples", "300", "--real-samples", "1000", "--cache-dir", cache)
+    args = (
+        "score",
+        run,
+        "--classifier",
+        mnist_classifier,
+        "--samples",
+        "300",
+        "--real-samples",
+        "1000",
+        "--cache-dir",
+        cache,
+    )
     done = palomino(*args, "--workers", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FID" in done.stdout and "TVD" in done.stdout and "best (" in done.stdout

@@ -6,4 +6,12 @@ from palomino.scoring.modes import ModeCoverage, mode_coverage
 from palomino.scoring.options import ScoringOptions, parse_metrics
 from palomino.scoring.score import ScoringContext, score_mixture, score_run
 
-__all__ = ["ModeCoverage", "ScoringContext", "ScoringOptions", "mode_coverage", "parse_metrics", "score_mixture", "score_run"]
+__all__ = [
+    "ModeCoverage",
+    "ScoringContext",
+    "ScoringOptions",
+    "mode_coverage",
+    "parse_metrics",
+    "score_mixture",
+    "score_run",
+]

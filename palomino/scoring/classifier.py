@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load as load_tensors
 from torch import nn
 
+from palomino.config import DataConfig
 from palomino.data import Dataset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
 from palomino.runs.checkpoints import atomic_write, encode_tensors
@@ -37,12 +38,19 @@ class ClassifierNet(nn.Module):
     Input: images in [0, 1] of the shape it was trained on (`adapt_images` resizes others).
     """
 
-    def __init__(self, channels: int, classes: int, widths: tuple[int, ...] = (32, 64, 128), features: int = 128) -> None:
+    def __init__(
+        self, channels: int, classes: int, widths: tuple[int, ...] = (32, 64, 128), features: int = 128
+    ) -> None:
         super().__init__()
         blocks: list[nn.Module] = []
         previous = channels
         for width in widths:
-            blocks += [nn.Conv2d(previous, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2)]
+            blocks += [
+                nn.Conv2d(previous, width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
             previous = width
         self.body = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(2), nn.Flatten())
         self.embed = nn.Sequential(nn.Linear(previous * 4, features), nn.ReLU())
@@ -102,17 +110,19 @@ class Split:
 
 
 def _subset(dataset: Dataset, index: torch.Tensor) -> Dataset:
-    return Dataset(dataset.name, dataset.samples[index], dataset.labels[index], dataset.kind, class_names=dataset.class_names)
+    return Dataset(
+        dataset.name, dataset.samples[index], dataset.labels[index], dataset.kind, class_names=dataset.class_names
+    )
 
 
-def _try_split(data: Any, split: str, seed: int) -> Dataset | None:
+def _try_split(data: DataConfig, split: str, seed: int) -> Dataset | None:
     try:  # never download just to find out which splits are here
         return load_dataset(data.model_copy(update={"split": split, "size": 0, "download": False}), seed)
     except DatasetError:
         return None
 
 
-def classifier_split(data: Any, holdout: int = 2000, seed: int = 0) -> Split:
+def classifier_split(data: DataConfig, holdout: int = 2000, seed: int = 0) -> Split:
     """The standard train/test split where the training split exists; otherwise `holdout` test images
     for testing and the rest of the test split for training (the offline MNIST copy: 8,000 / 2,000)."""
     train = _try_split(data, "train", seed)
@@ -126,7 +136,9 @@ def classifier_split(data: Any, holdout: int = 2000, seed: int = 0) -> Split:
     only = train if train is not None else test
     assert only is not None
     if not 0 < holdout < len(only):
-        raise ConfigError(f"--holdout {holdout}: must be between 1 and {len(only) - 1} (the split has {len(only)} images)")
+        raise ConfigError(
+            f"--holdout {holdout}: must be between 1 and {len(only) - 1} (the split has {len(only)} images)"
+        )
     order = torch.randperm(len(only), generator=torch.Generator().manual_seed(seed))
     which = "training" if train is not None else "test"
     return Split(
@@ -151,7 +163,10 @@ def _shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> 
 @torch.no_grad()
 def accuracy(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000) -> float:
     net.eval()
-    correct = sum(int((net(images[i : i + batch_size]).argmax(1) == labels[i : i + batch_size]).sum()) for i in range(0, len(images), batch_size))
+    correct = sum(
+        int((net(images[i : i + batch_size]).argmax(1) == labels[i : i + batch_size]).sum())
+        for i in range(0, len(images), batch_size)
+    )
     return correct / len(images)
 
 
@@ -160,8 +175,39 @@ def default_epochs(n_train: int) -> int:
     return max(5, min(30, round(150_000 / n_train)))
 
 
+def _fit(
+    net: ClassifierNet,
+    train: Dataset,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    generator: torch.Generator,
+    on_epoch: Callable[[int, int, float], None] | None,
+) -> ClassifierNet:
+    """AdamW with a one-cycle schedule on randomly shifted images; returns the net in eval mode."""
+    images = train.to_data_space(train.samples)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=learning_rate, weight_decay=5e-4)
+    steps = epochs * math.ceil(len(images) / batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps)
+    for epoch in range(epochs):
+        net.train()
+        order = torch.randperm(len(images), generator=generator)
+        total = 0.0
+        for i in range(0, len(images), batch_size):
+            index = order[i : i + batch_size]
+            loss = F.cross_entropy(net(_shift(images[index], 2, generator)), train.labels[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            total += loss.item() * len(index)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, epochs, total / len(images))
+    return net.eval()
+
+
 def train_classifier(
-    data: Any,
+    data: DataConfig,
     *,
     seed: int = 0,
     epochs: int | None = None,
@@ -193,29 +239,12 @@ def train_classifier(
     class_names = train.class_names or tuple(str(c) for c in range(classes))
     epochs = epochs or default_epochs(len(train))
 
-    torch.manual_seed(seed)  # the initial weights and dropout
     shape = train.sample_shape
-    net = ClassifierNet(shape[0], len(class_names))
-    images = train.to_data_space(train.samples)
-    test_images = test.to_data_space(test.samples)
-    steps = epochs * math.ceil(len(images) / batch_size)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=learning_rate, weight_decay=5e-4)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps)
-    for epoch in range(epochs):
-        net.train()
-        order = torch.randperm(len(images), generator=generator)
-        total = 0.0
-        for i in range(0, len(images), batch_size):
-            index = order[i : i + batch_size]
-            loss = F.cross_entropy(net(_shift(images[index], 2, generator)), train.labels[index])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += loss.item() * len(index)
-        if on_epoch is not None:
-            on_epoch(epoch + 1, epochs, total / len(images))
-    net.eval()
+    with torch.random.fork_rng(devices=[]):  # seeded initial weights and dropout, the caller's generator untouched
+        torch.manual_seed(seed)
+        net = _fit(
+            ClassifierNet(shape[0], len(class_names)), train, epochs, batch_size, learning_rate, generator, on_epoch
+        )
     meta = {
         "format": FORMAT,
         "kind": KIND,
@@ -223,7 +252,7 @@ def train_classifier(
         "classes": list(class_names),
         "image_shape": list(shape),
         "architecture": {"widths": [32, 64, 128], "features": net.num_features},
-        "accuracy": accuracy(net, test_images, test.labels),
+        "accuracy": accuracy(net, test.to_data_space(test.samples), test.labels),
         "train_size": len(train),
         "test_size": len(test),
         "split": split.description,
@@ -267,11 +296,17 @@ def load_classifier(path: Path, device: str = "cpu") -> TrainedClassifier:
     if not isinstance(meta, dict) or meta.get("kind") != KIND or meta.get("format") != FORMAT:
         raise PalominoError(f"classifier {path}: {sidecar(path)} is not a palomino classifier description; {retrain}")
     if hashlib.sha256(payload).hexdigest() != meta.get("sha256"):
-        raise PalominoError(f"classifier {path}: the weights do not match the SHA-256 in {sidecar(path)} (corrupt or replaced); {retrain}")
+        raise PalominoError(
+            f"classifier {path}: the weights do not match the SHA-256 in {sidecar(path)} (corrupt or replaced); {retrain}"
+        )
     architecture = meta["architecture"]
-    net = ClassifierNet(meta["image_shape"][0], len(meta["classes"]), tuple(architecture["widths"]), architecture["features"])
+    net = ClassifierNet(
+        meta["image_shape"][0], len(meta["classes"]), tuple(architecture["widths"]), architecture["features"]
+    )
     try:
         net.load_state_dict(load_tensors(payload))
     except (RuntimeError, ValueError) as error:
-        raise PalominoError(f"classifier {path}: weights do not fit the described network ({error}); {retrain}") from None
+        raise PalominoError(
+            f"classifier {path}: weights do not fit the described network ({error}); {retrain}"
+        ) from None
     return TrainedClassifier(net.to(device).eval(), meta)

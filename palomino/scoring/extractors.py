@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from palomino.errors import ConfigError, PalominoError
@@ -95,7 +94,9 @@ class FidelityInception(FeatureExtractor):
                 "install it with: pip install 'palomino[vision]', or score with --extractor classifier"
             ) from None
         # torch.load reads a .safetensors path with safetensors: torch-fidelity's weights are never unpickled.
-        self.net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"], str(_as_safetensors(weights, cache_dir)))
+        self.net = FeatureExtractorInceptionV3(
+            "inception-v3-compat", ["2048", "logits_unbiased"], str(_as_safetensors(weights, cache_dir))
+        )
         self.net.to(device)
         self.name = "inception"
         self.identity = f"inception-fidelity-{file_digest(weights)[:16]}"

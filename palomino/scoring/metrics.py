@@ -40,7 +40,11 @@ class SharedPass:
         return self._outputs
 
     def view(self, output: str) -> nn.Module:
-        return _View(self, 0 if output == "features" else 1, self.extractor.num_features if output == "features" else len(self.extractor.classes))
+        return _View(
+            self,
+            0 if output == "features" else 1,
+            self.extractor.num_features if output == "features" else len(self.extractor.classes),
+        )
 
 
 class _View(nn.Module):
@@ -67,7 +71,9 @@ def fid_metric(view: nn.Module, real: RealStatistics) -> FrechetInceptionDistanc
 def kid_metric(view: nn.Module, real: RealStatistics, samples: int, subsets: int = 100) -> KernelInceptionDistance:
     with warnings.catch_warnings():  # "will save all extracted features in buffer": that is the point
         warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
-        metric = KernelInceptionDistance(feature=view, subsets=subsets, subset_size=min(KID_SUBSET, samples, real.n), reset_real_features=False)
+        metric = KernelInceptionDistance(
+            feature=view, subsets=subsets, subset_size=min(KID_SUBSET, samples, real.n), reset_real_features=False
+        )
     metric.real_features = [real.features.clone()]
     return metric
 
@@ -78,7 +84,9 @@ def inception_score_metric(view: nn.Module, splits: int) -> InceptionScore:
         return InceptionScore(feature=view, splits=splits)
 
 
-def build_metrics(names: Iterable[str], extractor: FeatureExtractor, real: RealStatistics, *, samples: int, is_splits: int = 10) -> dict[str, Metric]:
+def build_metrics(
+    names: Iterable[str], extractor: FeatureExtractor, real: RealStatistics, *, samples: int, is_splits: int = 10
+) -> dict[str, Metric]:
     """The torchmetrics objects for `names` (a subset of fid, is, kid, tvd), sharing one extractor pass."""
     shared = SharedPass(extractor)
     features, logits = shared.view("features"), shared.view("logits")

@@ -18,11 +18,17 @@ DEFAULT_SAMPLES = {"image": 10_000, "points": 2_500}
 class ScoringOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metrics: list[MetricName] | None = Field(None, min_length=1, description="None: fid, is, kid, tvd for images; modes for points")
-    samples: int | None = Field(None, ge=2, description="generated samples per mixture; None: 10,000 images / 2,500 points")
+    metrics: list[MetricName] | None = Field(
+        None, min_length=1, description="None: fid, is, kid, tvd for images; modes for points"
+    )
+    samples: int | None = Field(
+        None, ge=2, description="generated samples per mixture; None: 10,000 images / 2,500 points"
+    )
     extractor: Literal["classifier", "inception"] = "classifier"
     classifier: Path | None = Field(None, description="None: $PALOMINO_CLASSIFIER")
-    inception_weights: Path | None = Field(None, description="None: $PALOMINO_INCEPTION_WEIGHTS, else torchvision's hub cache")
+    inception_weights: Path | None = Field(
+        None, description="None: $PALOMINO_INCEPTION_WEIGHTS, else torchvision's hub cache"
+    )
     cache_dir: Path | None = Field(None, description="None: $PALOMINO_CACHE_DIR, else ~/.cache/palomino")
     real_samples: int = Field(10_000, ge=0, description="real images behind the real statistics; 0 = all")
     seed: int = Field(0, ge=0, description="seeds the generated samples and KID's / IS's subsets")
@@ -36,7 +42,9 @@ class ScoringOptions(BaseModel):
         a bad value is a ConfigError naming the flag."""
         values: dict[str, Any] = {}
         if config is not None:
-            values.update(config.model_dump(include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True))
+            values.update(
+                config.model_dump(include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True)
+            )
         values.update({k: v for k, v in flags.items() if v is not None})
         try:
             return cls.model_validate(values)
@@ -59,5 +67,7 @@ def parse_metrics(text: str | None) -> list[str] | None:
     names = list(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
     unknown = [n for n in names if n not in METRICS]
     if unknown or not names:
-        raise ConfigError(f"--metrics {text!r}: unknown metric {', '.join(unknown) or '(none given)'}; choose from {','.join(METRICS)}")
+        raise ConfigError(
+            f"--metrics {text!r}: unknown metric {', '.join(unknown) or '(none given)'}; choose from {','.join(METRICS)}"
+        )
     return names

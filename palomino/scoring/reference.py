@@ -57,7 +57,9 @@ def real_images(dataset: Dataset, samples: int, seed: int = 0) -> tuple[torch.Te
 
 
 @torch.no_grad()
-def extract_all(extractor: FeatureExtractor, images: torch.Tensor, batch_size: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def extract_all(
+    extractor: FeatureExtractor, images: torch.Tensor, batch_size: int, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     features, logits = [], []
     for i in range(0, len(images), batch_size):
         f, lg = extractor.extract(images[i : i + batch_size].to(device))
@@ -90,8 +92,14 @@ def reference_statistics(
         try:
             meta = json.loads(meta_path.read_text())
             tensors = load_file(str(path))
-            if meta.get("format") == FORMAT and meta.get("key") == key and tensors["features"].shape == (len(images), extractor.num_features):
-                return RealStatistics(tensors["features"], tensors["class_distribution"], meta["class_source"], key, path, cached=True)
+            if (
+                meta.get("format") == FORMAT
+                and meta.get("key") == key
+                and tensors["features"].shape == (len(images), extractor.num_features)
+            ):
+                return RealStatistics(
+                    tensors["features"], tensors["class_distribution"], meta["class_source"], key, path, cached=True
+                )
             log.warning("%s does not match its description; computing the real statistics again", path)
         except (OSError, ValueError, KeyError, SafetensorError) as error:
             log.warning("%s is unreadable (%s); computing the real statistics again", path, error)

@@ -96,7 +96,10 @@ class ScoringContext:
 
     def _chunks(self) -> list[tuple[int, int]]:
         """(seed, size) of each sampling batch: seeded from options.seed, so scores are reproducible."""
-        sizes = [min(self.options.batch_size, self.samples - start) for start in range(0, self.samples, self.options.batch_size)]
+        sizes = [
+            min(self.options.batch_size, self.samples - start)
+            for start in range(0, self.samples, self.options.batch_size)
+        ]
         seeds = torch.randint(2**62, (len(sizes),), generator=torch.Generator().manual_seed(self.options.seed)).tolist()
         return list(zip(seeds, sizes))
 
@@ -121,7 +124,9 @@ class ScoringContext:
         image_metrics = [m for m in applicable if m in IMAGE_METRICS]
         if image_metrics:
             assert self.extractor is not None and self.real is not None
-            metrics = build_metrics(image_metrics, self.extractor, self.real, samples=self.samples, is_splits=self.options.is_splits)
+            metrics = build_metrics(
+                image_metrics, self.extractor, self.real, samples=self.samples, is_splits=self.options.is_splits
+            )
             for seed, size in self._chunks():
                 update_metrics(metrics, mixture.sample(size, seed=seed).to(self.options.device))
             results.update(compute_metrics(metrics, self.options.seed))
@@ -158,20 +163,27 @@ def run_mixtures(run_dir: Path) -> dict[str, Path]:
     if not (Path(run_dir) / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)")
     if not (result / "mixture.json").is_file():
-        raise PalominoError(f"{run_dir}: no result/mixture.json; did the run finish? (continue it with palomino train --resume {run_dir})")
+        raise PalominoError(
+            f"{run_dir}: no result/mixture.json; did the run finish? (continue it with palomino train --resume {run_dir})"
+        )
     cells = sorted(p for p in (result / "cells").glob("*") if (p / "mixture.json").is_file())
     return {"best": result, **{p.name: p for p in cells}}
 
 
-def _score_folders(folders: list[str], data: dict[str, Any], options: dict[str, Any], data_seed: int, threads: int | None) -> list[dict[str, Any]]:
-    """A worker's share: one context (data, extractor, cached real statistics), then each mixture."""
-    if threads:
-        torch.set_num_threads(threads)
-    context = ScoringContext.prepare(DataConfig.model_validate(data), ScoringOptions.model_validate(options), data_seed=data_seed)
+def _score_folders(
+    folders: list[str], data: dict[str, Any], options: dict[str, Any], data_seed: int
+) -> list[dict[str, Any]]:
+    """A worker's share, in a spawned process: one context (data, extractor, cached real statistics), then each mixture."""
+    torch.set_num_threads(1)  # the workers are the parallelism; more threads each would fight over the cores
+    context = ScoringContext.prepare(
+        DataConfig.model_validate(data), ScoringOptions.model_validate(options), data_seed=data_seed
+    )
     return [context.score(Mixture.load(Path(folder), device=context.options.device)) for folder in folders]
 
 
-def score_run(run_dir: Path, options: ScoringOptions, workers: int | None = None, *, data: DataConfig | None = None) -> dict[str, Any]:
+def score_run(
+    run_dir: Path, options: ScoringOptions, workers: int | None = None, *, data: DataConfig | None = None
+) -> dict[str, Any]:
     """Score the run's best mixture and every cell's neighbourhood mixture in `workers` spawned processes
     (1 torch thread each; default: one per core, at most one per mixture); writes scores.json atomically."""
     from palomino.config import load_config
@@ -195,10 +207,12 @@ def score_run(run_dir: Path, options: ScoringOptions, workers: int | None = None
         scores = [context.score(Mixture.load(Path(f), device=options.device)) for f in jobs]
     else:
         shares = [jobs[i::workers] for i in range(workers)]
-        args = (data.model_dump(mode="json"), options.model_dump(mode="json"), config.seed, 1)
+        data_json, options_json = data.model_dump(mode="json"), options.model_dump(mode="json")
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            done = list(pool.map(_score_folders, shares, *[[a] * workers for a in args]))
-        by_folder = {folder: score for share, results in zip(shares, done) for folder, score in zip(share, results)}
+            futures = [pool.submit(_score_folders, share, data_json, options_json, config.seed) for share in shares]
+            by_folder = {
+                folder: score for share, future in zip(shares, futures) for folder, score in zip(share, future.result())
+            }
         scores = [by_folder[f] for f in jobs]
     by_name = {name: score for digest, score in zip(unique, scores) for name in names_of[digest]}
     best_cell = json.loads((folders["best"] / "mixture.json").read_text()).get("cell")
