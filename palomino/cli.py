@@ -43,6 +43,7 @@ def train(
     out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the run directory is created."),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.iterations=20"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its checkpoints."),
+    dashboard: Optional[int] = typer.Option(None, "--dashboard", min=0, max=65535, help="Serve the live dashboard of this run on this port (0: any free port) while it trains."),
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
     from palomino.config import apply_overrides, dump_config, load_config, parse_config
@@ -53,6 +54,7 @@ def train(
 
     import yaml
 
+    listening = _dashboard_socket(dashboard)  # a taken port fails before anything is written
     try:
         if resume is not None:
             run = RunDirectory.open(resume)
@@ -82,7 +84,7 @@ def train(
     )
     latest: dict[str, float] = {}
 
-    with Progress(*columns, console=stderr, transient=False) as progress:
+    with _dashboard_of(run, listening), Progress(*columns, console=stderr, transient=False) as progress:
         grid = f"{cfg.grid.rows}×{cfg.grid.cols} cells"
         if cfg.partitioned:
             grid = f"{len(cfg.data.labels or ())} classes × {cfg.grid.per_class} cells"
@@ -138,6 +140,35 @@ def train(
         stderr.print(f"stopped; checkpoints written. Continue with: palomino train --resume {run.path}")
         print(run.path)
         raise typer.Exit(130)
+
+
+def _dashboard_socket(port: Optional[int]):
+    """`--dashboard PORT`: the listening socket, taken now (None without the flag)."""
+    if port is None:
+        return None
+    from palomino.services.dashboard.server import listen
+
+    try:
+        return listen("127.0.0.1", port, "--dashboard")
+    except PalominoError as error:
+        raise _fail(error) from None
+
+
+def _dashboard_of(run, sock):
+    """The dashboard over `run` on `sock` while it trains, else nothing."""
+    import contextlib
+
+    if sock is None:
+        return contextlib.nullcontext()
+    from palomino.services.dashboard import BackgroundDashboard
+
+    try:
+        server = BackgroundDashboard(run.path, sock)
+    except PalominoError as error:
+        sock.close()
+        raise _fail(error) from None
+    stderr.print(f"dashboard: {server.url}/#/exp/{run.experiment}", highlight=False, soft_wrap=True)
+    return server
 
 
 @app.command()
@@ -329,6 +360,24 @@ def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(No
 
     try:
         asyncio.run(go())
+    except PalominoError as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def dashboard(
+    orchestrator: Optional[str] = typer.Option(None, "--orchestrator", help="Orchestrator URL for history and liveness (else PALOMINO_ORCHESTRATOR_URL)."),
+    broker: Optional[str] = typer.Option(None, "--broker", help="RabbitMQ URL for live events (else PALOMINO_BROKER_URL)."),
+    runs: Optional[Path] = typer.Option(None, "--runs", help="Folder of run directories (else PALOMINO_DASHBOARD_RUNS; default ./runs without --orchestrator)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other machines (set PALOMINO_DASHBOARD_TOKEN then)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535),
+) -> None:
+    """The dashboard: live heat maps of the grid in the browser (read-only)."""
+    from palomino.services.dashboard import dashboard_settings, serve
+
+    try:
+        settings = dashboard_settings(orchestrator=orchestrator, broker=broker, runs=runs)
+        serve(settings, host, port, on_ready=lambda url: stderr.print(f"dashboard: {url}", highlight=False))
     except PalominoError as error:
         raise _fail(error) from None
 

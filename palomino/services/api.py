@@ -11,6 +11,7 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from palomino.config import parse_config
+from palomino.services.dashboard.runfiles import RunFiles, valid_cell
 from palomino.errors import ConfigError
 from palomino.services.orchestrator import Orchestrator
 from palomino.services.settings import ServiceSettings
@@ -69,6 +70,48 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     async def metrics(experiment_id: str, since: int = Query(0, ge=0)) -> dict:
         records = orchestrator.metrics_since(lookup(experiment_id), since)
         return {"since": since, "next": since + len(records), "records": records}
+
+    # ---- read-only views of the run directory (for dashboards on other machines) -------------
+
+    def files_of(experiment_id: str, cell: str | None = None) -> RunFiles:
+        files = RunFiles(lookup(experiment_id).run.path)
+        if cell is not None:
+            if not valid_cell(cell):
+                raise HTTPException(422, f"cell {cell!r}: use ROW-COL, e.g. 0-1")
+            if not files.has_cell(cell):
+                raise HTTPException(404, f"experiment {experiment_id!r} has no cell {cell} in any of its layouts")
+        return files
+
+    def png(path: Path | None, what: str) -> Response:
+        if path is None:
+            raise HTTPException(404, f"no {what} yet")
+        return Response(path.read_bytes(), media_type="image/png")
+
+    @app.get("/experiments/{experiment_id}/topology")
+    async def topology(experiment_id: str) -> dict:
+        return {"layouts": files_of(experiment_id).layouts()}
+
+    @app.get("/experiments/{experiment_id}/cells/{cell}/samples")
+    async def samples(experiment_id: str, cell: str) -> dict:
+        return {"cell": cell, "iterations": files_of(experiment_id, cell).sample_iterations(cell)}
+
+    @app.get("/experiments/{experiment_id}/cells/{cell}/samples/{iteration}.png")
+    async def sample_png(experiment_id: str, cell: str, iteration: int) -> Response:
+        path = files_of(experiment_id, cell).sample_png(cell, iteration)
+        return png(path, f"samples of cell {cell} at iteration {iteration}")
+
+    @app.get("/experiments/{experiment_id}/samples/real.png")
+    async def real_png(experiment_id: str) -> Response:
+        return png(files_of(experiment_id).real_png(), "real samples (samples/real.png)")
+
+    @app.get("/experiments/{experiment_id}/result")
+    async def result(experiment_id: str) -> dict:
+        """ranking.json and scores.json as written (null until then)."""
+        return files_of(experiment_id).result()
+
+    @app.get("/experiments/{experiment_id}/result/samples.png")
+    async def result_png(experiment_id: str) -> Response:
+        return png(files_of(experiment_id).result_png(), "result samples (result/samples.png)")
 
     @app.delete("/experiments/{experiment_id}")
     async def delete(experiment_id: str) -> dict:

@@ -1,0 +1,299 @@
+"""A read-only view of one run directory, for the dashboard and the orchestrator's read endpoints.
+
+Torch-free and synchronous (callers use `asyncio.to_thread`). metrics.jsonl can reach tens of
+megabytes on a large grid, so its complete lines are indexed by byte offset once and the index
+is extended as the file grows: paging and tailing never re-read what was read before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+CELL = re.compile(r"^(\d{1,4})-(\d{1,4})$")
+_SAMPLE = re.compile(r"^iter-(\d{1,9})\.png$")
+# A run that has no result and has not been written to for this long is shown as stopped.
+LIVE_WINDOW_S = 120.0
+
+
+def valid_experiment_id(text: str) -> bool:
+    return bool(EXPERIMENT_ID.match(text))
+
+
+def valid_cell(text: str) -> bool:
+    return bool(CELL.match(text))
+
+
+@dataclass
+class _Stat:
+    inode: int
+    size: int
+    mtime: float
+
+
+def _stat(path: Path) -> _Stat | None:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return _Stat(st.st_ino, st.st_size, st.st_mtime)
+
+
+class JsonlIndex:
+    """Offsets of the complete lines of a JSON-lines file that only grows (or is replaced whole)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offsets: list[int] = []  # start of each non-blank complete line
+        self._end = 0  # bytes indexed so far (always just after a newline)
+        self._inode: int | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self) -> bool:
+        """Index what was appended; True when the file was replaced or truncated (the index restarted)."""
+        with self._lock:
+            stat = _stat(self.path)
+            replaced = self._inode is not None and (stat is None or stat.inode != self._inode or stat.size < self._end)
+            if replaced:  # keep_metrics() rewrites the file atomically (a resume or a replaced cell)
+                self._offsets, self._end, self._inode = [], 0, None
+            if stat is None:
+                return replaced
+            self._inode = stat.inode
+            if stat.size > self._end:
+                with open(self.path, "rb") as handle:
+                    handle.seek(self._end)
+                    chunk = handle.read(stat.size - self._end)
+                complete = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
+                position = 0
+                while position < complete:
+                    newline = chunk.index(b"\n", position)
+                    if chunk[position:newline].strip():
+                        self._offsets.append(self._end + position)
+                    position = newline + 1
+                self._end += complete
+            return replaced
+
+    @property
+    def count(self) -> int:
+        return len(self._offsets)
+
+    def read(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Records of lines [since, since+limit) and the index of the next line; malformed lines are skipped."""
+        with self._lock:
+            since = max(0, min(since, len(self._offsets)))
+            stop = min(len(self._offsets), since + max(0, limit))
+            if since == stop:
+                return [], since
+            start, end = self._offsets[since], (self._offsets[stop] if stop < len(self._offsets) else self._end)
+            with open(self.path, "rb") as handle:
+                handle.seek(start)
+                chunk = handle.read(end - start)
+        records = []
+        for number, line in enumerate(chunk.splitlines(), since + 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line, parse_constant=lambda _: None)  # NaN/Infinity: not JSON, read as null
+            except ValueError:
+                log.warning("%s:%d: skipping a malformed line", self.path, number)
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records, stop
+
+
+class RunFiles:
+    """What the dashboard reads from `<runs>/<experiment>/`: never writes, never imports torch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.metrics = JsonlIndex(self.path / "metrics.jsonl")
+        self._config: tuple[float, dict[str, Any]] | None = None
+        self._layouts: tuple[int, int, list[dict[str, Any]]] | None = None
+
+    @property
+    def experiment(self) -> str:
+        return self.path.name
+
+    def exists(self) -> bool:
+        return (self.path / "config.yaml").is_file()
+
+    # ---- configuration and layouts -------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """config.yaml as plain data (cached until it changes); {} when unreadable."""
+        stat = _stat(self.path / "config.yaml")
+        if stat is None:
+            return {}
+        if self._config is None or self._config[0] != stat.mtime:
+            try:
+                raw = yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+            except (OSError, yaml.YAMLError) as error:
+                log.warning("%s: unreadable config.yaml: %s", self.path, error)
+                raw = {}
+            self._config = (stat.mtime, raw if isinstance(raw, dict) else {})
+        return self._config[1]
+
+    def layouts(self) -> list[dict[str, Any]]:
+        """Every line of topology.jsonl: {epoch, rows, cols, cells: {"r-c": worker}}."""
+        path = self.path / "topology.jsonl"
+        stat = _stat(path)
+        if stat is None:
+            return []
+        if self._layouts is None or self._layouts[:2] != (stat.inode, stat.size):
+            layouts = []
+            for line in path.read_bytes().splitlines():
+                try:
+                    layout = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line
+                if isinstance(layout, dict) and isinstance(layout.get("rows"), int) and isinstance(layout.get("cols"), int):
+                    layouts.append(layout)
+            self._layouts = (stat.inode, stat.size, layouts)
+        return self._layouts[2]
+
+    def has_cell(self, cell: str) -> bool:
+        """Whether `cell` ("r-c") lies inside any layout this run has had."""
+        match = CELL.match(cell)
+        if not match:
+            return False
+        row, col = int(match[1]), int(match[2])
+        layouts = self.layouts() or [self._configured_layout()]
+        return any(row < layout["rows"] and col < layout["cols"] for layout in layouts)
+
+    def _configured_layout(self) -> dict[str, Any]:
+        grid = self.config().get("grid") or {}
+        return {"epoch": 0, "rows": int(grid.get("rows", 1)), "cols": int(grid.get("cols", 1)), "cells": {}}
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def state(self, now: float | None = None) -> str:
+        """finished (result/ranking.json exists), running (written to lately) or stopped."""
+        if (self.path / "result" / "ranking.json").is_file():
+            return "finished"
+        stats = [_stat(self.path / name) for name in ("metrics.jsonl", "topology.jsonl", "config.yaml")]
+        newest = max((s.mtime for s in stats if s is not None), default=0.0)
+        return "running" if (now or time.time()) - newest < LIVE_WINDOW_S else "stopped"
+
+    def summary(self) -> dict[str, Any]:
+        """The same keys as the orchestrator's experiment summary, from the files alone."""
+        config = self.config()
+        self.metrics.refresh()
+        layouts = self.layouts()
+        layout = layouts[-1] if layouts else self._configured_layout()
+        training = config.get("training") or {}
+        return {
+            "id": self.experiment,
+            "name": config.get("name", self.experiment),
+            "state": self.state(),
+            "reason": "",
+            "run_dir": str(self.path),
+            "epoch": layout.get("epoch", 0),
+            "rows": layout["rows"],
+            "cols": layout["cols"],
+            "iterations": training.get("iterations"),
+            "records": self.metrics.count,
+            "cells": dict(layout.get("cells") or {}),
+            "liveness": {},
+            "failures": [],
+            "source": "runs",
+        }
+
+    # ---- metrics -------------------------------------------------------------------------------
+
+    def metrics_page(self, since: int, limit: int) -> dict[str, Any]:
+        self.metrics.refresh()
+        records, next_line = self.metrics.read(since, limit)
+        return {"since": since, "next": next_line, "total": self.metrics.count, "records": records}
+
+    # ---- images and results --------------------------------------------------------------------
+
+    def sample_iterations(self, cell: str) -> list[int]:
+        folder = self.path / "samples" / cell
+        if not CELL.match(cell) or not folder.is_dir():
+            return []
+        return sorted(int(m[1]) for name in os.listdir(folder) if (m := _SAMPLE.match(name)))
+
+    def sample_png(self, cell: str, iteration: int) -> Path | None:
+        if not CELL.match(cell) or iteration < 0:
+            return None
+        path = self.path / "samples" / cell / f"iter-{iteration}.png"
+        return path if path.is_file() else None
+
+    def real_png(self) -> Path | None:
+        path = self.path / "samples" / "real.png"
+        return path if path.is_file() else None
+
+    def result_png(self) -> Path | None:
+        path = self.path / "result" / "samples.png"
+        return path if path.is_file() else None
+
+    def result(self) -> dict[str, Any]:
+        """ranking.json and scores.json as they are (null when not written yet)."""
+        return {
+            "ranking": _read_json(self.path / "result" / "ranking.json"),
+            "scores": _read_json(self.path / "scores.json"),
+            "samples": self.result_png() is not None,
+            "real": self.real_png() is not None,
+        }
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("%s: unreadable: %s", path, error)
+        return None
+
+
+class RunsFolder:
+    """Run directories under a folder (or one run directory given directly), each viewed once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._runs: dict[str, RunFiles] = {}
+
+    @property
+    def single(self) -> bool:
+        """Whether the folder is itself a run directory (`palomino train --dashboard`)."""
+        return (self.path / "config.yaml").is_file()
+
+    def ids(self) -> list[str]:
+        if self.single:
+            return [self.path.name] if valid_experiment_id(self.path.name) else []
+        try:
+            names = os.listdir(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(n for n in names if valid_experiment_id(n) and (self.path / n / "config.yaml").is_file())
+
+    def get(self, experiment: str) -> RunFiles | None:
+        if not valid_experiment_id(experiment):
+            return None
+        run = self._runs.get(experiment)
+        if run is None:
+            if self.single:
+                path = self.path if experiment == self.path.name else None
+            else:
+                path = self.path / experiment
+            if path is None:
+                return None
+            run = RunFiles(path)
+        if not run.exists():
+            return None
+        self._runs[experiment] = run
+        return run
