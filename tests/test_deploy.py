@@ -1,0 +1,853 @@
+"""The deployment files: docker-compose.yml, the Helm chart, the Apptainer definition, the Slurm script.
+
+No Docker engine, helm or apptainer binary runs here, so:
+- compose: Debian's `docker-compose config` (the real interpolation and schema) checks the file, and
+  every service of the default profile is then started as a local process (service names mapped to
+  127.0.0.1, volumes to temporary folders, the image's /app to this checkout) against this
+  machine's RabbitMQ and Redis: the stack's own commands, environment, health checks and
+  depends_on order train a small grid end to end;
+- Helm: values.yaml against values.schema.json (jsonschema), and every template rendered by the
+  small Go-template renderer below (the subset the chart uses; an unknown function, an unknown
+  value key or unbalanced actions fail) for several value sets; the documents must parse, be
+  Kubernetes-shaped and wire up (selectors, Secrets, probes, replicas, commands);
+- Apptainer and Slurm: each service's command is the compose one; the script passes bash -n and
+  shellcheck.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import REPO, cli_env
+
+COMPOSE = REPO / "docker-compose.yml"
+CHART = REPO / "charts" / "palomino"
+APPTAINER = REPO / "apptainer" / "palomino.def"
+SBATCH = REPO / "hpc" / "slurm" / "palomino.sbatch"
+PALOMINO_SERVICES = {"orchestrator", "cell", "scorer", "dashboard", "submit"}
+INFRASTRUCTURE = {"rabbitmq": 5672, "redis": 6379}  # served by this machine's RabbitMQ and Redis
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: `make services` (scripts/ensure-services.sh) installs it, or apt-get install {name}")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# docker-compose.yml
+
+
+def compose_config(tmp_path: Path, env: dict[str, str], *profiles: str) -> dict[str, Any]:
+    """`docker-compose config` with `env` as the .env file: the file as compose resolves it."""
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    args = [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file)]
+    args += [arg for profile in profiles for arg in ("--profile", profile)]
+    done = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def example_env() -> dict[str, str]:
+    lines = (REPO / ".env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def active(config: dict[str, Any], *profiles: str) -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in config["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
+
+
+def container_port(spec: str | dict) -> int:
+    """The container side of a `ports` entry: "127.0.0.1:8080:8080/tcp" or {target: 8080, ...}."""
+    return int(spec["target"]) if isinstance(spec, dict) else int(str(spec).split("/")[0].rsplit(":", 1)[-1])
+
+
+def unescape(value: Any) -> Any:
+    """`config` prints `$$` (a literal `$`) as it was written; the container sees `$`."""
+    if isinstance(value, str):
+        return value.replace("$$", "$")
+    if isinstance(value, list):
+        return [unescape(v) for v in value]
+    if isinstance(value, dict):
+        return {k: unescape(v) for k, v in value.items()}
+    return value
+
+
+def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
+    config = compose_config(tmp_path, example_env())
+    services = active(config)
+    assert set(services) == {"rabbitmq", "redis", *PALOMINO_SERVICES}
+    assert services["cell"]["deploy"]["replicas"] == 10  # 3×3 + 1 spare
+    assert "management" in services["rabbitmq"]["image"]
+    assert [container_port(p) for p in services["dashboard"]["ports"]] == [8080]
+    for name in ("rabbitmq", "redis", "orchestrator", "dashboard"):
+        assert services[name]["healthcheck"]["test"], name
+    for name in PALOMINO_SERVICES:
+        service = services[name]
+        assert service["image"] == services["orchestrator"]["image"], "one image for every service"
+        depends = service["depends_on"]
+        assert {"rabbitmq", "redis"} <= set(depends), name
+        assert all(d["condition"] == "service_healthy" for d in depends.values()), name
+        assert service["command"][0] in {"palomino", "sh"}, name
+    volumes = {v.split(":")[1] if isinstance(v, str) else v["target"] for v in services["orchestrator"]["volumes"]}
+    assert "/data/runs" in volumes
+    assert set(config["volumes"]) >= {"runs", "datasets"}
+    # The credentials reach the services only through the .env file.
+    env = services["orchestrator"]["environment"]
+    assert env["PALOMINO_BROKER_URL"].startswith("amqp://palomino:change-me-rabbitmq-password@rabbitmq:5672/")
+    assert services["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"] == "change-me-rabbitmq-password"
+
+    gpu = active(compose_config(tmp_path, example_env(), "gpu"), "gpu")["cell-gpu"]
+    assert gpu["command"] == ["palomino", "cell", "--device", "cuda"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+
+
+def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
+    env_file = tmp_path / "empty.env"
+    env_file.write_text("PALOMINO_CELLS=10\n")
+    done = subprocess.run(
+        [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+    )
+    assert done.returncode != 0
+    assert "RABBITMQ_USER" in done.stderr and ".env.example" in done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def reachable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+class LocalStack:
+    """Runs compose services as local processes: this machine stands in for the containers' network."""
+
+    def __init__(self, services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+        self.services, self.tmp_path = services, tmp_path
+        self.processes: list[tuple[str, subprocess.Popen]] = []
+        self.ports: dict[str, dict[int, int]] = {}  # service → container port → local port
+        for name, service in services.items():
+            if name in INFRASTRUCTURE:
+                self.ports[name] = {INFRASTRUCTURE[name]: INFRASTRUCTURE[name]}
+            else:
+                self.ports[name] = {container_port(p): free_port() for p in service.get("ports", [])}
+        self.log_files: list[Any] = []
+
+    def _volume(self, spec: str | dict) -> tuple[str, Path]:
+        source, target = (spec.split(":")[:2] if isinstance(spec, str) else (spec["source"], spec["target"]))
+        local = self.tmp_path / "volumes" / Path(source).name
+        local.mkdir(parents=True, exist_ok=True)
+        return target, local
+
+    def localise(self, name: str, text: str) -> str:
+        """A container's view of the world, seen from this machine."""
+        service = self.services[name]
+        for other, ports in self.ports.items():
+            for inside, local in ports.items():
+                text = re.sub(rf"(?<=[/@]){re.escape(other)}:{inside}\b", f"127.0.0.1:{local}", text)
+        for inside, local in self.ports[name].items():  # the service's own listening port
+            text = re.sub(rf"\b(127\.0\.0\.1|localhost):{inside}\b", f"127.0.0.1:{local}", text)
+        for spec in service.get("volumes", []):
+            target, local = self._volume(spec)
+            text = re.sub(rf"(?<![\w/]){re.escape(target)}(?=/|$|\W)", str(local), text)
+        return text.replace("0.0.0.0", "127.0.0.1")
+
+    def argv(self, name: str, argv: list[str]) -> list[str]:
+        out = [self.localise(name, unescape(a)) for a in argv]
+        ports = self.ports[name]
+        for i, arg in enumerate(out[:-1]):
+            if arg == "--port" and int(out[i + 1]) in ports:
+                out[i + 1] = str(ports[int(out[i + 1])])
+        return out
+
+    def env(self, name: str) -> dict[str, str]:
+        env = cli_env()
+        env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"  # the image's /opt/palomino/bin
+        for key, value in (self.services[name].get("environment") or {}).items():
+            env[key] = self.localise(name, unescape(str(value)))
+        return env
+
+    def start(self, name: str, replica: int = 0) -> subprocess.Popen:
+        log = open(self.tmp_path / f"{name}-{replica}.log", "wb")
+        self.log_files.append(log)
+        process = subprocess.Popen(
+            self.argv(name, self.services[name]["command"]), cwd=REPO, env=self.env(name),
+            stdout=subprocess.PIPE if name == "submit" else log, stderr=log,
+        )
+        self.processes.append((name, process))
+        return process
+
+    def healthy(self, name: str) -> bool:
+        if name in INFRASTRUCTURE:
+            return reachable(INFRASTRUCTURE[name])
+        test = self.services[name]["healthcheck"]["test"]
+        assert test[0] == "CMD", f"{name}: healthcheck {test}"
+        return subprocess.run(self.argv(name, test[1:]), env=self.env(name), capture_output=True, timeout=30).returncode == 0
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for name, process in self.processes:
+                assert process.poll() is None or name == "submit", f"{name} exited ({process.returncode}):\n{self.logs(name)}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
+            time.sleep(0.5)
+
+    def up(self) -> None:
+        """Every service, in depends_on order, each once its dependencies meet their conditions."""
+        started: set[str] = set()
+        while len(started) < len(self.services):
+            ready = [n for n, s in self.services.items() if n not in started and set(s.get("depends_on", {})) <= started]
+            assert ready, f"depends_on cycle among {set(self.services) - started}"
+            for name in ready:
+                for dependency, rule in self.services[name].get("depends_on", {}).items():
+                    assert rule["condition"] == "service_healthy", f"{name} → {dependency}: {rule}"
+                    self.wait_until(lambda: self.healthy(dependency), f"{dependency} to be healthy")
+                if name not in INFRASTRUCTURE:
+                    for replica in range(int(self.services[name].get("deploy", {}).get("replicas", 1))):
+                        self.start(name, replica)
+                started.add(name)
+
+    def logs(self, only: str | None = None) -> str:
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+            for log in sorted(self.tmp_path.glob("*.log")) if only is None or log.name.startswith(only + "-")
+        )
+
+    def down(self) -> None:
+        for _, process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for _, process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in self.log_files:
+            log.close()
+
+
+@pytest.fixture
+def vhost():
+    """A RabbitMQ virtual host of our own, so other stacks on this broker never see our workers."""
+    name = f"palomino-deploy-{uuid.uuid4().hex[:8]}"
+    ctl = shutil.which("rabbitmqctl")
+    made = ctl is not None and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60).returncode == 0
+    if not made:  # not allowed to manage the broker: share "/" as the other distributed tests do
+        yield ""
+        return
+    subprocess.run([ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"], check=True, capture_output=True, timeout=60)
+    yield name
+    subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost: str) -> None:
+    env = example_env() | {
+        "RABBITMQ_USER": "guest", "RABBITMQ_PASSWORD": "guest", "REDIS_PASSWORD": "",  # this machine's servers
+        "RABBITMQ_VHOST": vhost, "REDIS_DB": str(7 + os.getpid() % 8),
+        "PALOMINO_CELLS": "5",  # 2×2 + 1 spare
+        "PALOMINO_EXPERIMENT": "examples/ring-1x1.yaml",  # relative to the image's /app, like the default
+        "PALOMINO_SET": " ".join([
+            "name=compose-wiring", "grid.rows=2", "grid.cols=2", "training.iterations=2", "training.batch_size=64",
+            "training.batches_per_iteration=5", "training.fitness.sample_size=32", "training.mixture.score_samples=64",
+            "training.checkpoint_every=1", "training.sample_every=1", "data.size=500", "network.hidden=16", "network.latent_dim=8",
+        ]),
+    }
+    services = active(compose_config(tmp_path, env))
+    stack = LocalStack(services, tmp_path)
+    try:
+        stack.up()
+        submit = next(p for name, p in stack.processes if name == "submit")
+        stack.wait_until(lambda: submit.poll() is not None, "the experiment to finish", timeout=420)
+        out = submit.stdout.read().decode()
+        assert submit.returncode == 0, f"submit exited {submit.returncode}: {out}\n{stack.logs()}"
+        run_dir = Path(out.strip().splitlines()[-1])
+        assert run_dir.parent == tmp_path / "volumes" / "runs", run_dir  # the orchestrator wrote to the runs volume
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert {(tuple(r["cell"]), r["iteration"]) for r in records} == {((r, c), i) for r in range(2) for c in range(2) for i in range(2)}
+        assert (run_dir / "result" / "mixture.safetensors").is_file()
+        assert json.loads((run_dir / "result" / "ranking.json").read_text())["ranking"]
+
+        # The orchestrator queued the final mixture for the scorer, whose result came back into scores.json.
+        scores = run_dir / "scores.json"
+        stack.wait_until(lambda: scores.is_file() and "best" in json.loads(scores.read_text()), "the scorer's result", timeout=120)
+        best = json.loads(scores.read_text())["best"]
+        assert "error" not in best and best["scorer"], best
+
+        dashboard = f"http://127.0.0.1:{stack.ports['dashboard'][8080]}"
+        assert stack.healthy("dashboard")
+        page = urllib.request.urlopen(dashboard + "/", timeout=10).read().decode()
+        assert "<html" in page.lower()
+        listed = json.loads(urllib.request.urlopen(dashboard + "/api/experiments", timeout=10).read())
+        assert run_dir.name in json.dumps(listed), listed  # the dashboard shows the run
+        for name in ("orchestrator", "scorer", "dashboard", "cell"):  # every long-running service survived the run
+            assert all(p.poll() is None for n, p in stack.processes if n == name), stack.logs(name)
+    finally:
+        stack.down()
+
+
+def test_compose_submit_names_the_missing_dataset_before_submitting(tmp_path: Path) -> None:
+    env = example_env() | {"PALOMINO_SET": "data.dir=/data/datasets/mnist data.download=false"}
+    services = active(compose_config(tmp_path, env))
+    stack = LocalStack(services, tmp_path)  # no orchestrator runs: the dataset check comes first
+    done = subprocess.run(stack.argv("submit", services["submit"]["command"]), cwd=REPO, env=stack.env("submit"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "error: mnist train split not found" in done.stderr, done.stderr
+    assert str(tmp_path / "volumes" / "datasets" / "mnist") in done.stderr  # says where the files go
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# A renderer for the subset of Go templates (text/template + Helm's functions) the chart uses.
+
+
+class TemplateError(Exception):
+    pass
+
+
+ACTION = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.S)
+TOKEN = re.compile(
+    r'\s*(?:(?P<str>"(?:\\.|[^"\\])*")|(?P<raw>`[^`]*`)|(?P<open>\()|(?P<close>\))|(?P<pipe>\|)|(?P<decl>:=)|(?P<assign>=)'
+    r"|(?P<num>-?\d+)|(?P<var>\$\w*(?:\.\w+)*)|(?P<field>\.\w+(?:\.\w+)*|\.)|(?P<ident>[A-Za-z_]\w*))"
+)
+
+
+def parse(source: str, name: str) -> tuple[list, dict[str, list]]:
+    """Text → (nodes, defines). Nodes: str | ("out", pipe) | ("set", var, pipe, declare) |
+    ("if", [(pipe, body)...], else) | ("with", pipe, body, else)."""
+    parts: list[Any] = []
+    position = 0
+    for match in ACTION.finditer(source):
+        text = source[position:match.start()]
+        if match.group(1):
+            text = text.rstrip()
+        parts.append(text)
+        parts.append(match.group(2).strip())
+        position = match.end()
+        if match.group(3):
+            rest = source[position:]
+            position += len(rest) - len(rest.lstrip())
+    parts.append(source[position:])
+    if re.search(r"\{\{|\}\}", "".join(parts[0::2])):
+        raise TemplateError(f"{name}: unbalanced {{{{ }}}}")
+    defines: dict[str, list] = {}
+    items = iter(enumerate(parts))
+
+    def block(terminators: tuple[str, ...]) -> tuple[list, str]:
+        nodes: list = []
+        for index, item in items:
+            if index % 2 == 0:
+                nodes.append(item)
+                continue
+            if item.startswith("/*"):
+                if not item.endswith("*/"):
+                    raise TemplateError(f"{name}: unclosed comment")
+                continue
+            keyword = item.split(None, 1)[0] if item else ""
+            if keyword in ("end", "else"):
+                if keyword not in terminators:
+                    raise TemplateError(f"{name}: unexpected {{{{ {item} }}}}")
+                return nodes, item
+            if keyword == "if":
+                branches, otherwise = [], []
+                condition = item[2:]
+                while True:
+                    body, end = block(("end", "else"))
+                    branches.append((expression(condition), body))
+                    if end.startswith("else if "):
+                        condition = end[len("else if "):]
+                        continue
+                    if end == "else":
+                        otherwise, _ = block(("end",))
+                    break
+                nodes.append(("if", branches, otherwise))
+            elif keyword == "with":
+                body, end = block(("end", "else"))
+                otherwise = block(("end",))[0] if end == "else" else []
+                nodes.append(("with", expression(item[4:]), body, otherwise))
+            elif keyword == "define":
+                defines[json.loads(item[6:].strip())] = block(("end",))[0]
+            elif keyword in ("range", "template", "block", "break", "continue"):
+                raise TemplateError(f"{name}: {keyword} is outside the renderer's subset; extend tests/test_deploy.py")
+            elif m := re.match(r"(\$\w+)\s*(:?=)\s*(.*)$", item, re.S):
+                nodes.append(("set", m.group(1), expression(m.group(3)), m.group(2) == ":="))
+            else:
+                nodes.append(("out", expression(item)))
+        if terminators:
+            raise TemplateError(f"{name}: missing {{{{ end }}}}")
+        return nodes, ""
+
+    def expression(text: str) -> list:
+        tokens, at = [], 0
+        while at < len(text.rstrip()):
+            m = TOKEN.match(text, at)
+            if not m or m.end() == at:
+                raise TemplateError(f"{name}: cannot parse {text[at:]!r}")
+            tokens.append((m.lastgroup, m.group(m.lastgroup)))
+            at = m.end()
+        pipeline, rest = pipe(tokens)
+        if rest:
+            raise TemplateError(f"{name}: unbalanced parentheses in {text!r}")
+        return pipeline
+
+    def pipe(tokens: list) -> tuple[list, list]:
+        commands, command = [], []
+        while tokens:
+            kind, value = tokens.pop(0)
+            if kind == "close":
+                break
+            if kind == "pipe":
+                commands.append(command)
+                command = []
+            elif kind == "open":
+                inner, tokens = pipe(tokens)
+                command.append(("sub", inner))
+            else:
+                command.append((kind, value))
+        commands.append(command)
+        if not all(commands):
+            raise TemplateError(f"{name}: empty command in a pipeline")
+        return commands, tokens
+
+    nodes, _ = block(())
+    return nodes, defines
+
+
+def go_string(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        raise TemplateError(f"printing a {type(value).__name__} needs toYaml: {value!r}")
+    return str(value)
+
+
+def truthy(value: Any) -> bool:
+    return bool(value)  # Go: false, 0, nil, "" and empty collections are false, as in Python
+
+
+def deep_merge(dst: dict, src: dict) -> dict:
+    """sprig's merge: keys already in dst win; nested maps merge."""
+    for key, value in src.items():
+        if key not in dst:
+            dst[key] = copy.deepcopy(value)
+        elif isinstance(dst[key], dict) and isinstance(value, dict):
+            deep_merge(dst[key], value)
+    return dst
+
+
+def override(base: dict, changes: dict) -> dict:
+    """Helm's values merge: the user's values win over values.yaml."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        out[key] = override(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+    return out
+
+
+def to_yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=False, sort_keys=True).rstrip("\n") if value != {} else "{}"
+
+
+def indent(width: int, text: str) -> str:
+    pad = " " * width
+    return pad + text.replace("\n", "\n" + pad)
+
+
+def required(message: str, value: Any) -> Any:
+    if value is None or value == "":
+        raise TemplateError(f"required: {message}")
+    return value
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "printf": lambda fmt, *a: re.sub(r"%[sv]", lambda _, rest=iter(a): go_string(next(rest)), fmt),
+    "quote": lambda *a: " ".join(json.dumps(go_string(v)) for v in a),
+    "default": lambda fallback, value=None: value if truthy(value) else fallback,
+    "toYaml": to_yaml,
+    "nindent": lambda n, s: "\n" + indent(n, s),
+    "indent": indent,
+    "trunc": lambda n, s: s[:n],
+    "trimSuffix": lambda suffix, s: s[: -len(suffix)] if suffix and s.endswith(suffix) else s,
+    "trimPrefix": lambda prefix, s: s[len(prefix):] if prefix and s.startswith(prefix) else s,
+    "contains": lambda part, s: part in s,
+    "required": required,
+    "add": lambda *a: sum(int(x) for x in a),
+    "mul": lambda *a: math.prod(int(x) for x in a),
+    "int": lambda x: int(x or 0),
+    "eq": lambda a, *b: any(a == x for x in b),
+    "ne": lambda a, b: a != b,
+    "gt": lambda a, b: a > b,
+    "not": lambda a: not truthy(a),
+    "and": lambda *a: next((x for x in a if not truthy(x)), a[-1]),
+    "or": lambda *a: next((x for x in a if truthy(x)), a[-1]),
+    "empty": lambda a: not truthy(a),
+    "ternary": lambda yes, no, condition: yes if truthy(condition) else no,
+    "dict": lambda *a: {a[i]: a[i + 1] for i in range(0, len(a), 2)},
+    "merge": lambda dst, *srcs: [deep_merge(dst, s) for s in srcs][-1] if srcs else dst,
+}
+
+
+class Renderer:
+    def __init__(self, chart: Path) -> None:
+        self.chart = chart
+        self.meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+        self.defaults = yaml.safe_load((chart / "values.yaml").read_text())
+        self.files = {p.relative_to(chart / "templates").as_posix(): p.read_text() for p in sorted((chart / "templates").iterdir())}
+        self.defines: dict[str, list] = {}
+        self.parsed: dict[str, list] = {}
+        for name, text in self.files.items():
+            nodes, defines = parse(text, name)
+            self.parsed[name] = nodes
+            self.defines.update(defines)
+
+    def context(self, values: dict, release: str = "demo", namespace: str = "ml") -> dict:
+        return {
+            "Values": override(self.defaults, values),
+            "Release": {"Name": release, "Namespace": namespace, "Service": "Helm", "Revision": 1, "IsInstall": True},
+            "Chart": {"Name": self.meta["name"], "Version": self.meta["version"], "AppVersion": self.meta["appVersion"]},
+        }
+
+    def render(self, values: dict, **release: str) -> dict[str, str]:
+        root = self.context(values, **release)
+        return {n: self.run(nodes, root, [{"$": root}]) for n, nodes in self.parsed.items() if not n.startswith("_")}
+
+    def run(self, nodes: list, dot: Any, scopes: list[dict]) -> str:
+        out = []
+        for node in nodes:
+            if isinstance(node, str):
+                out.append(node)
+            elif node[0] == "out":
+                out.append(go_string(self.pipeline(node[1], dot, scopes)))
+            elif node[0] == "set":
+                _, var, pipe, declare = node
+                value = self.pipeline(pipe, dot, scopes)
+                if declare:
+                    scopes[-1][var] = value
+                else:
+                    next(s for s in reversed(scopes) if var in s)[var] = value
+            elif node[0] == "if":
+                for condition, body in node[1]:
+                    if truthy(self.pipeline(condition, dot, scopes)):
+                        out.append(self.run(body, dot, [*scopes, {}]))
+                        break
+                else:
+                    out.append(self.run(node[2], dot, [*scopes, {}]))
+            elif node[0] == "with":
+                value = self.pipeline(node[1], dot, scopes)
+                out.append(self.run(node[2], value, [*scopes, {}]) if truthy(value) else self.run(node[3], dot, [*scopes, {}]))
+        return "".join(out)
+
+    def pipeline(self, commands: list, dot: Any, scopes: list[dict]) -> Any:
+        value, piped = None, False
+        for command in commands:
+            (kind, head), args = command[0], command[1:]
+            if kind == "ident" and head not in ("true", "false", "nil"):
+                values = [self.operand(a, dot, scopes) for a in args] + ([value] if piped else [])
+                value = self.include(*values) if head == "include" else self.function(head)(*values)
+            else:
+                if args or piped:
+                    raise TemplateError(f"{head} is not a function")
+                value = self.operand(command[0], dot, scopes)
+            piped = True
+        return value
+
+    def function(self, name: str) -> Callable[..., Any]:
+        if name not in FUNCTIONS:
+            raise TemplateError(f"function {name!r} is outside the renderer's subset; extend tests/test_deploy.py")
+        return FUNCTIONS[name]
+
+    def include(self, name: str, dot: Any) -> str:
+        if name not in self.defines:
+            raise TemplateError(f"include of undefined template {name!r}")
+        return self.run(self.defines[name], dot, [{"$": dot}])  # in a template, $ is the dot it was given
+
+    def operand(self, token: tuple[str, Any], dot: Any, scopes: list[dict]) -> Any:
+        kind, text = token
+        if kind == "str":
+            return json.loads(text)
+        if kind == "raw":
+            return text[1:-1]
+        if kind == "num":
+            return int(text)
+        if kind == "sub":
+            return self.pipeline(text, dot, scopes)
+        if kind == "ident":
+            return {"true": True, "false": False, "nil": None}[text]
+        if kind == "field":
+            return self.fields(dot, text.split(".")[1:] if text != "." else [], text)
+        name, *path = text.split(".")
+        scope = next((s for s in reversed(scopes) if name in s), None)
+        if scope is None:
+            raise TemplateError(f"undefined variable {name}")
+        return self.fields(scope[name], path, text)
+
+    @staticmethod
+    def fields(value: Any, path: list[str], text: str) -> Any:
+        for key in path:
+            if not isinstance(value, dict):
+                raise TemplateError(f"{text}: cannot take .{key} of {value!r}")
+            if key not in value:  # stricter than Helm (which prints nothing): a key values.yaml lacks is a bug
+                raise TemplateError(f"{text}: no key {key!r} (is it in values.yaml?)")
+            value = value[key]
+        return value
+
+
+def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:
+    docs = []
+    for name, text in rendered.items():
+        if name.endswith(".txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc is not None:
+                docs.append(doc)
+    return docs
+
+
+PASSWORDS = {"credentials": {"rabbitmqPassword": "r-secret", "redisPassword": "d-secret"}}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": PASSWORDS,
+    "external servers": {
+        "rabbitmq": {"bundled": False, "external": {"url": "amqp://u:p@mq.example:5672/x"}},
+        "redis": {"bundled": False, "external": {"url": "redis://:p@redis.example:6379/1"}},
+    },
+    "existing secret": {"credentials": {"existingSecret": "site-credentials"}},
+    "gpus and everything on": {"credentials": {**PASSWORDS["credentials"], "dashboardToken": "t0ken"}} | {
+        "cells": {"rows": 2, "cols": 4, "spares": 2, "gpus": 2, "antiAffinity": "hard",
+                  "resources": {"limits": {"cpu": "4"}}, "nodeSelector": {"gpu": "a100"},
+                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        "dashboard": {"ingress": {"enabled": True, "className": "nginx", "host": "palomino.example.org",
+                                  "tls": [{"secretName": "tls", "hosts": ["palomino.example.org"]}]}},
+        "experiment": {"enabled": True, "config": "name: inline\ngrid: {rows: 2, cols: 4}\n"},
+        "datasets": {"existingClaim": "mnist"}, "runs": {"accessMode": "ReadWriteMany"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "scorer": {"classifier": "/data/datasets/mnist-classifier.safetensors"},
+    },
+    "soft spread, minimal": PASSWORDS | {
+        "cells": {"antiAffinity": "soft", "replicas": 5}, "experiment": {"enabled": True},
+        "datasets": {"hostPath": "/srv/datasets"}, "scorer": {"enabled": False}, "dashboard": {"enabled": False},
+        "runs": {"existingClaim": "old-runs"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def chart() -> Renderer:
+    return Renderer(CHART)
+
+
+def schema_errors(values: dict) -> list[str]:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(values)]
+
+
+def test_values_validate_against_the_schema(chart: Renderer) -> None:
+    assert schema_errors(chart.defaults) == []
+    for name, values in VARIANTS.items():
+        assert schema_errors(override(chart.defaults, values)) == [], name
+    assert schema_errors(override(chart.defaults, {"cells": {"spares": -1}}))
+    assert schema_errors(override(chart.defaults, {"cells": {"antiAffinity": "sometimes"}}))
+    assert schema_errors(override(chart.defaults, {"cells": {"rowz": 3}}))  # a typo is not silently ignored
+    assert schema_errors(override(chart.defaults, {"credentials": {"redisPassword": "has@and/"}}))
+
+
+def test_templates_are_balanced_and_use_only_known_functions() -> None:
+    for path in (CHART / "templates").iterdir():
+        text = path.read_text()
+        assert text.count("{{") == text.count("}}"), path.name
+        parse(text, path.name)  # raises on unbalanced blocks, unknown keywords and bad expressions
+    broken = "{{- if .Values.x }}\nkind: A\n"
+    with pytest.raises(TemplateError, match="missing"):
+        parse(broken, "broken.yaml")
+    with pytest.raises(TemplateError, match="outside the renderer"):
+        Renderer(CHART).function("lookup")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str) -> None:
+    values = VARIANTS[variant]
+    merged = override(chart.defaults, values)
+    rendered = chart.render(values)
+    docs = documents(rendered)
+    by_kind: dict[str, dict[str, dict]] = {}
+    for doc in docs:
+        assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"]), doc["metadata"]["name"]
+        by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
+    workloads = {**by_kind.get("Deployment", {}), **by_kind.get("StatefulSet", {})}
+    jobs = by_kind.get("Job", {})
+    pods = {name: w["spec"]["template"] for name, w in {**workloads, **jobs}.items()}
+
+    # Selectors select their own pods; Services select some workload's pods.
+    for name, workload in workloads.items():
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
+    for name, service in by_kind.get("Service", {}).items():
+        assert any(service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items() for w in workloads.values()), name
+
+    # Every Secret, PVC and ConfigMap a pod uses exists or was given by the user.
+    secrets = set(by_kind.get("Secret", {})) | {merged["credentials"]["existingSecret"]}
+    claims = set(by_kind.get("PersistentVolumeClaim", {})) | {merged["runs"]["existingClaim"], merged["datasets"]["existingClaim"]}
+    for name, pod in pods.items():
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            for env in container.get("env", []):
+                if "valueFrom" in env:
+                    ref = env["valueFrom"]["secretKeyRef"]
+                    assert ref["name"] in secrets, (name, ref)
+                    if ref["name"] in by_kind.get("Secret", {}) and not ref.get("optional"):
+                        assert ref["key"] in by_kind["Secret"][ref["name"]]["stringData"], (name, ref)
+        for volume in spec.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] in claims, (name, volume)
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in by_kind.get("ConfigMap", {}), (name, volume)
+
+    # The Palomino services: their commands, probes, replicas, GPUs.
+    commands = {c["name"]: c for pod in pods.values() for c in pod["spec"]["containers"]}
+    assert commands["orchestrator"]["command"][:2] == ["palomino", "orchestrator"]
+    assert commands["orchestrator"]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    if merged["dashboard"]["enabled"]:
+        assert commands["dashboard"]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ("scorer" in commands) == merged["scorer"]["enabled"]
+    cell = next(w for n, w in workloads.items() if n.endswith("-cell"))
+    grid = merged["cells"]
+    assert cell["spec"]["replicas"] == (grid["replicas"] or grid["rows"] * grid["cols"] + grid["spares"])
+    limits = commands["cell"]["resources"].get("limits", {})
+    assert limits.get("nvidia.com/gpu", 0) == grid["gpus"]
+    assert commands["cell"]["command"][-1] == ("cuda" if grid["gpus"] else "cpu")
+    if grid["antiAffinity"] != "none":
+        assert "podAntiAffinity" in cell["spec"]["template"]["spec"]["affinity"]
+    env = {e["name"] for e in commands["cell"]["env"]}
+    assert {"PALOMINO_BROKER_URL", "PALOMINO_REDIS_URL", "PALOMINO_ORCHESTRATOR_URL"} <= env
+    assert ("Ingress" in by_kind) == (merged["dashboard"]["enabled"] and merged["dashboard"]["ingress"]["enabled"])
+    assert bool(jobs) == merged["experiment"]["enabled"]
+    assert ("StatefulSet" in by_kind) == (merged["rabbitmq"]["bundled"] or merged["redis"]["bundled"])
+    if "Secret" in by_kind:
+        (secret,) = by_kind["Secret"].values()
+        assert secret["stringData"]["broker-url"].startswith("amqp://")
+        assert secret["stringData"]["redis-url"].startswith("redis://")
+    assert "NOTES.txt" in rendered and "palomino submit" in rendered["NOTES.txt"]
+
+
+def test_chart_refuses_to_render_without_passwords(chart: Renderer) -> None:
+    with pytest.raises(TemplateError, match="credentials.rabbitmqPassword"):
+        chart.render({})
+    with pytest.raises(TemplateError, match="rabbitmq.external.url"):
+        chart.render(PASSWORDS | {"rabbitmq": {"bundled": False}})
+
+
+# ----------------------------------------------------------------------------------------------
+# One command per service, everywhere: compose = Helm = Apptainer = Slurm.
+
+
+def signature(argv: list[str]) -> tuple[str, frozenset[str]]:
+    """A palomino command's subcommand and the flags it passes (values may differ per platform)."""
+    assert argv[0] == "palomino", argv
+    return argv[1], frozenset(a for a in argv[2:] if a.startswith("--"))
+
+
+def apptainer_apps() -> dict[str, str]:
+    sections = re.split(r"^%", APPTAINER.read_text(), flags=re.M)
+    return {s.split("\n", 1)[0].split()[1]: s.split("\n", 1)[1] for s in sections if s.startswith("apprun ")}
+
+
+def script_lines(script: str) -> list[str]:
+    return [line.rstrip() for line in textwrap.dedent(script).strip().splitlines() if not line.lstrip().startswith("#")]
+
+
+def test_every_platform_runs_the_compose_commands(tmp_path: Path, chart: Renderer) -> None:
+    services = unescape(active(compose_config(tmp_path, example_env())))
+    compose = {name: services[name]["command"] for name in PALOMINO_SERVICES}
+    submit_script = script_lines(compose["submit"][2])
+    assert compose["submit"][:2] == ["sh", "-c"] and "palomino submit" in compose["submit"][2]
+
+    # Apptainer: an app per service, running that service's subcommand (or the very submit script).
+    apps = apptainer_apps()
+    assert set(apps) == PALOMINO_SERVICES
+    for name in PALOMINO_SERVICES - {"submit"}:
+        assert script_lines(apps[name]) == [f'exec palomino {compose[name][1]} "$@"'], name
+    assert script_lines(apps["submit"]) == submit_script
+
+    # Slurm: each app launched with the compose command's flags.
+    launched = {}
+    for line in SBATCH.read_text().replace("\\\n", " ").splitlines():
+        if m := re.search(r'--app (\w+) "\$sif"(.*)', line):
+            args = re.split(r"\s+", m.group(2).split(">")[0].strip())
+            launched[m.group(1)] = ["palomino", m.group(1), *[a for a in args if a]]
+    assert set(launched) == PALOMINO_SERVICES
+    for name in PALOMINO_SERVICES - {"submit"}:
+        assert signature(launched[name]) == signature(compose[name]), name
+
+    # Helm: the same commands in the pods, and the experiment Job runs the same submit script.
+    pods = [d["spec"]["template"]["spec"] for d in documents(chart.render(VARIANTS["gpus and everything on"])) if d["kind"] in ("Deployment", "Job")]
+    containers = {c["name"]: c["command"] for pod in pods for c in pod["containers"]}
+    for name in PALOMINO_SERVICES - {"submit"}:
+        assert signature(containers[name]) == signature(compose[name]), name
+    assert containers["submit"][:2] == ["sh", "-c"] and script_lines(containers["submit"][2]) == submit_script
+
+
+def test_slurm_script_passes_bash_n_and_shellcheck() -> None:
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True).returncode == 0
+    done = subprocess.run([tool("shellcheck"), "--shell=bash", str(SBATCH)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = SBATCH.read_text()
+    assert re.search(r"^#SBATCH --nodes=", text, re.M) and "srun " in text
+    assert "rabbitmq-server" in text and "redis-server" in text
+
+
+def test_slurm_script_names_what_is_missing(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLURM_JOB_ID": "42", "PALOMINO_SIF": str(tmp_path / "none.sif")}
+    done = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "no Palomino image at" in done.stderr and "PALOMINO_SIF" in done.stderr
+    (tmp_path / "palomino.sif").write_bytes(b"")
+    done = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env | {"PALOMINO_SIF": str(tmp_path / "palomino.sif"), "PALOMINO_DEVICE": "tpu"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "PALOMINO_DEVICE=tpu" in done.stderr
+
+
+def test_dockerfile_builds_one_lean_non_root_image() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) >= 2, "multi-stage"
+    assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
+    assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
+    assert re.search(r"^USER palomino$", text, re.M)
+    ignored = (REPO / ".dockerignore").read_text().splitlines()
+    assert ignored[ignored.index("*") if "*" in ignored else 0] == "*", "the context is an allow-list"
+    for line in re.findall(r"^COPY (?!--from)(.*)$", text, re.M):
+        for copied in [a for a in line.split() if not a.startswith("--")][:-1]:  # sources; the last is the destination
+            assert {f"!{copied}", f"!{copied}/"} & set(ignored), f"{copied} is ignored by .dockerignore"
