@@ -33,7 +33,8 @@ def scores_table(report: dict[str, Any]) -> Table:
     for name in names:
         table.add_column(HEADERS.get(name, name), justify="right")
     table.add_column("s", justify="right")
-    rows = [(f"best ({report['best'].get('cell')})", report["best"]), *sorted(report["cells"].items())]
+    cell = report["best"].get("cell")  # None for a partitioned run's class mixture
+    rows = [(f"best ({cell})" if cell else "best", report["best"]), *sorted(report["cells"].items())]
     for label, scores in rows:
         table.add_row(label, *(format_metric(n, scores["metrics"][n]) for n in names), f"{scores['seconds']:.1f}")
     for name in names:

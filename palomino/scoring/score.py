@@ -23,7 +23,7 @@ from palomino.config import DataConfig
 from palomino.data import Dataset, load_dataset
 from palomino.errors import ConfigError, PalominoError
 from palomino.runs.checkpoints import atomic_write
-from palomino.runs.mixture import Mixture
+from palomino.runs.mixture import ClassMixture, Mixture
 from palomino.scoring.extractors import FeatureExtractor, build_extractor, scoring_cache_dir
 from palomino.scoring.metrics import IMAGE_METRICS, build_metrics, compute_metrics, update_metrics
 from palomino.scoring.modes import mode_coverage
@@ -103,7 +103,7 @@ class ScoringContext:
         seeds = torch.randint(2**62, (len(sizes),), generator=torch.Generator().manual_seed(self.options.seed)).tolist()
         return list(zip(seeds, sizes))
 
-    def score(self, mixture: Mixture) -> dict[str, Any]:
+    def score(self, mixture: Mixture | ClassMixture) -> dict[str, Any]:
         """Every requested metric of `mixture`: {"metrics": {name: {"value", ...}}, "n", "extractor", "seconds", ...}.
 
         A metric that does not apply to this data is reported with value None and `not_applicable` (why)."""
@@ -127,7 +127,7 @@ class ScoringContext:
             metrics = build_metrics(
                 image_metrics, self.extractor, self.real, samples=self.samples, is_splits=self.options.is_splits
             )
-            for seed, size in self._chunks():
+            for seed, size in self._chunks():  # generators sample on the CPU; the extractor runs on options.device
                 update_metrics(metrics, mixture.sample(size, seed=seed).to(self.options.device))
             results.update(compute_metrics(metrics, self.options.seed))
         if "modes" in applicable:
@@ -145,12 +145,18 @@ class ScoringContext:
         return out
 
 
-def score_mixture(mixture: Mixture, data: DataConfig, options: ScoringOptions, *, data_seed: int = 0) -> dict[str, Any]:
+def score_mixture(
+    mixture: Mixture | ClassMixture, data: DataConfig, options: ScoringOptions, *, data_seed: int = 0
+) -> dict[str, Any]:
     """Score one mixture against `data` (what a score job carries). See ScoringContext.score for the result."""
     return ScoringContext.prepare(data, options, data_seed=data_seed).score(mixture)
 
 
 def _digest(folder: Path) -> str:
+    """What makes two folders the same mixture (the best is also saved as its cell's); a class mixture,
+    whose parts live in subfolders, is only ever itself."""
+    if not (folder / "mixture.safetensors").is_file():
+        return f"folder:{folder}"
     digest = hashlib.sha256()
     for name in ("mixture.safetensors", "mixture.json"):
         digest.update((folder / name).read_bytes())
@@ -178,7 +184,7 @@ def _score_folders(
     context = ScoringContext.prepare(
         DataConfig.model_validate(data), ScoringOptions.model_validate(options), data_seed=data_seed
     )
-    return [context.score(Mixture.load(Path(folder), device=context.options.device)) for folder in folders]
+    return [context.score(Mixture.load(Path(folder))) for folder in folders]
 
 
 def score_run(
@@ -204,7 +210,7 @@ def score_run(
     jobs = list(unique.values())
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     if workers == 1:
-        scores = [context.score(Mixture.load(Path(f), device=options.device)) for f in jobs]
+        scores = [context.score(Mixture.load(Path(f))) for f in jobs]
     else:
         shares = [jobs[i::workers] for i in range(workers)]
         data_json, options_json = data.model_dump(mode="json"), options.model_dump(mode="json")
