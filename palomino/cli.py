@@ -462,6 +462,7 @@ def classifier_train(
         f"{meta['dataset']}: test accuracy {meta['accuracy']:.2%} on {meta['test_size']:,} images "
         f"(trained on {meta['train_size']:,}, {meta['epochs']} epochs, {meta['seconds']:.0f} s; {meta['split']})",
         highlight=False,
+        soft_wrap=True,
     )
     print(out)
 
