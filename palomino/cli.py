@@ -331,13 +331,15 @@ def up(
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
     port: int = typer.Option(0, "--port", help="Orchestrator port; 0 picks a free one."),
+    scorers: int = typer.Option(1, "--scorers", min=0, help="Scorer processes; the final mixtures' scores go to scores.json."),
+    score_timeout: float = typer.Option(600.0, "--score-timeout", help="Seconds to wait for the final scores."),
 ) -> None:
-    """Start an orchestrator and N+K cells locally, run the experiment, stop them; prints the run directory."""
+    """Start an orchestrator, N+K cells and scorers locally, run the experiment, stop them; prints the run directory."""
     from palomino.services.local import run_up
 
     try:
         yaml_text = _experiment_yaml(config, [f"distributed.max_cells={cells}", *overrides])
-        outcome = run_up(yaml_text, cells, spares, out, _settings(broker, redis), port, stderr)
+        outcome = run_up(yaml_text, cells, spares, out, _settings(broker, redis), port, stderr, scorers, score_timeout)
     except PalominoError as error:
         raise _fail(error) from None
     print(outcome["run_dir"])
