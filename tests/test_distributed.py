@@ -124,7 +124,8 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "exp.yaml"
     path.write_text(config(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "palomino", "up", str(path), "--cells", "4", "--spares", "1", "--out", str(tmp_path / "runs")],
+        [sys.executable, "-m", "palomino", "up", str(path), "--cells", "4", "--spares", "1", "--out", str(tmp_path / "runs"),
+         "--set", "scoring.every=25"],
         capture_output=True, text=True, env=ENV, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -133,6 +134,12 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     assert topology[0]["rows"] == 2 and topology[0]["cols"] == 2 and len(topology[0]["cells"]) == 4
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4 * ITERATIONS
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0-0", "0-1", "1-0", "1-1"]
+    # The scorer scored the final mixtures (up waits for them) and the periodic ones of scoring.every.
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert set(scores["cells"]) == {"0-0", "0-1", "1-0", "1-1"} and scores["best"]["metrics"]["modes"]["modes"] == 8
+    assert "best mixture: modes" in result.stderr
+    periodic = {(key.split("@")[0], entry["iteration"]) for key, entry in scores.get("periodic", {}).items()}
+    assert {(cell, i) for cell in scores["cells"] for i in (25, 50)} <= periodic, sorted(periodic)
 
 
 def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:

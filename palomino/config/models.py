@@ -183,6 +183,10 @@ class ScoringConfig(_Strict):
     classifier: Path | None = Field(None, description="file of `palomino classifier train`; default $PALOMINO_CLASSIFIER")
     final: bool = Field(True, description="distributed runs: queue score jobs for the final mixtures (for `palomino scorer`)")
 
+    def job_options(self) -> dict[str, Any]:
+        """What a score job carries as its options (the rest is the scorer's defaults and environment)."""
+        return self.model_dump(mode="json", include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True)
+
 
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

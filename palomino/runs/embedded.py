@@ -94,6 +94,8 @@ async def train_embedded(
     on_restored: Callable[[int], None] | None = None,
 ) -> TrainOutcome:
     stop = stop or asyncio.Event()
+    if config.scoring.every:
+        log.warning("scoring.every applies to distributed runs (their scorers); score this one when it ends: palomino score RUN_DIR")
     topology, tori = layout(config)
     cells = [Cell(coord, torus, config, dataset, experiment=run.experiment, device=config.device) for coord, torus in tori.items()]
     if resume:

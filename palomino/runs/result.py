@@ -22,6 +22,7 @@ from palomino.runs.directory import RunDirectory
 if TYPE_CHECKING:
     from palomino.coevolution import Cell
     from palomino.data import Dataset
+    from palomino.runs.mixture import Mixture
     from palomino.grid import Coord
     from palomino.wire import Snapshot
 
@@ -47,21 +48,23 @@ def save_encoded(folder: Path, payload: bytes, description: dict[str, Any]) -> N
     atomic_write(folder / "mixture.json", json.dumps(description, indent=2).encode())
 
 
-def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str) -> CellResult:
-    """Score a cell's neighbourhood mixture as it sees it now, on a larger sample than in training."""
+def neighbourhood_mixture(
+    cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str, score: bool = True
+) -> Mixture:
+    """A cell's neighbourhood mixture as it sees it now; `score`: its MMD² on a larger sample than in training."""
     import numpy as np
 
     from palomino.data import class_counts, class_priors
-    from palomino.runs.images import picture_of, png_bytes
     from palomino.runs.mixture import Mixture
 
     parts = cell.neighbourhood_mixture(snapshots)
     weights = np.array([w for _, w, _ in parts])
-    score = cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights)
-    info = {"cell": str(cell.coord), "score": score, "score_name": "mmd2", "data": cell.config.data.name, "experiment": experiment}
+    info: dict[str, Any] = {"cell": str(cell.coord), "data": cell.config.data.name, "experiment": experiment, "iteration": cell.iteration}
+    if score:
+        info.update(score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights), score_name="mmd2")
     if cell.label is not None:  # its class's samples in the training data: the class prior's numerator
         info.update({"class": cell.label, "class_count": class_counts(dataset)[cell.label]})
-    mixture = Mixture(
+    return Mixture(
         generators=[ind.network for _, _, ind in parts],
         weights=weights,
         components=[key for key, _, _ in parts],
@@ -72,12 +75,20 @@ def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Datase
         priors=class_priors(dataset) if cell.conditional else None,
         label_count=cell.label_count,
     )
+
+
+def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str) -> CellResult:
+    """A cell's final neighbourhood mixture, scored, with a picture of its samples."""
+    from palomino.runs.images import picture_of, png_bytes
+
+    mixture = neighbourhood_mixture(cell, snapshots, dataset, experiment)
+    score = mixture.info["score"]
     payload, description = mixture.encode()
     n = 64 if dataset.kind == "image" else 2500
     labels = cell.picture_labels(n)
     samples = mixture.sample(n, seed=cell.config.seed, labels=None if labels is None else labels.cpu())
     png = png_bytes(picture_of(samples, dataset.kind, dataset.modes))
-    return CellResult(str(cell.coord), score, mixture.components, weights.tolist(), payload, description, png)
+    return CellResult(str(cell.coord), score, mixture.components, [float(w) for w in mixture.weights], payload, description, png)
 
 
 def write_result(run: RunDirectory, results: list[CellResult]) -> CellResult:

@@ -22,8 +22,10 @@ from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.redis_liveness import RedisLiveness
+from palomino.transport.score_queue import ScoreQueue
 from palomino.wire import Snapshot
 from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
+from palomino.wire.score import ScoreJob
 
 log = logging.getLogger(__name__)
 HEARTBEAT_PERIOD = 1.0
@@ -171,7 +173,7 @@ class CellWorker:
         from palomino.data import load_dataset
         from palomino.runs.checkpoints import decode_tensors
         from palomino.runs.loop import LoopSettings, run_cell
-        from palomino.runs.result import cell_result
+        from palomino.runs.result import cell_result, neighbourhood_mixture
         from palomino.wire import decode_snapshot
 
         experiment = assign.experiment
@@ -214,6 +216,27 @@ class CellWorker:
             await bus.bind(cell.topology.neighbours(cell.coord), resize.epoch)
             log.info("moved to %s of %d×%d (epoch %d)", cell.coord, resize.rows, resize.cols, resize.epoch)
 
+        every, scored = config.scoring.every, {cell.iteration}
+        scoring = await ScoreQueue(self.settings.broker_url).connect() if every else None
+
+        async def between_iterations() -> None:
+            await apply_layout()
+            if scoring is None or cell.iteration % every or cell.iteration in scored or cell.iteration >= config.training.iterations:
+                return  # the final mixtures are the orchestrator's to queue
+            scored.add(cell.iteration)
+            snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
+            mixture = await asyncio.to_thread(neighbourhood_mixture, cell, snapshots, dataset, experiment, False)
+            payload, description = await asyncio.to_thread(mixture.encode)
+            job = ScoreJob(
+                job=f"{experiment}:{cell.coord}@{cell.iteration}", experiment=experiment, target=str(cell.coord),
+                iteration=cell.iteration, mixture=description, data=config.data.model_dump(mode="json"),
+                options=config.scoring.job_options(),
+            )
+            try:
+                await scoring.enqueue(job, payload)
+            except PalominoError as error:
+                log.warning("periodic score job %s not queued: %s", job.job, error)
+
         training = config.training
         settings = LoopSettings(
             iterations=training.iterations,
@@ -225,7 +248,7 @@ class CellWorker:
             neighbour_timeout=config.distributed.neighbour_timeout,
         )
         try:
-            await run_cell(cell, bus, self.liveness, recorder, settings, self._stop, before_iteration=apply_layout)
+            await run_cell(cell, bus, self.liveness, recorder, settings, self._stop, before_iteration=between_iterations)
             if cell.iteration >= training.iterations:
                 snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
                 result = await asyncio.to_thread(cell_result, cell, snapshots, dataset, experiment)
@@ -244,4 +267,6 @@ class CellWorker:
                 log.info("cell %s of %s done (score %.4g)", cell.coord, experiment, result.score)
         finally:
             await bus.close()
+            if scoring is not None:
+                await scoring.close()
 

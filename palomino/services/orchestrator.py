@@ -256,7 +256,7 @@ class Orchestrator:
         scoring = experiment.config.scoring
         if not scoring.final:
             return
-        options = scoring.model_dump(mode="json", include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True)
+        options = scoring.job_options()
         targets = [("best", best)] + [(str(coord), result) for coord, result in sorted(experiment.done.items())]
         for target, result in targets:
             job = ScoreJob(
