@@ -178,7 +178,7 @@ class Cell:
         """Labels for generated samples, drawn from the class priors (the labels of random samples)."""
         if self.labels is None:
             return None
-        return self._random_real(n)[1]
+        return self.labels[torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)).to(self.device)]
 
     def _noise(self, n: int) -> torch.Tensor:
         latent = self.config.network.latent_dim

@@ -184,6 +184,7 @@ class ClassMixture:
     """p(x) = Σ_c p(c) p(x | c): each class's best mixture (of its sub-grid), weighted by the
     class priors of the training data. What a partitioned run's result/ holds."""
 
+    conditional = True  # like a conditional Mixture, it can be asked for a class (not a dataclass field)
     parts: dict[int, Mixture]  # label → that class's mixture
     priors: dict[int, float]
     info: dict[str, Any]
@@ -199,8 +200,6 @@ class ClassMixture:
     @property
     def sample_shape(self) -> tuple[int, ...]:
         return self.parts[self.classes[0]].sample_shape
-
-    conditional = True  # it can be asked for a class
 
     def sample(
         self, n: int, seed: int = 0, data_space: bool = True, labels: Sequence[int] | torch.Tensor | None = None
