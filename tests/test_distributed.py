@@ -56,7 +56,9 @@ class Stack:
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.tmp_path / f"{name}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        # A namespace of its own: other stacks on this broker (a concurrent run) never see its messages.
+        env = {**ENV, "PALOMINO_NAMESPACE": f"test-{self.port}"}
+        process = subprocess.Popen([sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
         self.processes[name] = process
         return process
 
@@ -296,3 +298,62 @@ def test_garbage_on_the_snapshot_exchange_does_not_stop_training(stack: Stack) -
     check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
     logs = "".join(stack.log(f"cell-{i}") for i in range(4))
     assert logs.count("dead-lettering a message") >= 2 * len(bodies)  # both neighbours of 0-1 rejected each
+
+
+# --- class-partitioned runs: one sub-grid per class, failures handled within a class ----------------
+
+def partitioned(tmp_path: Path, classes: list[int], per_class: str, **distributed) -> str:
+    cfg = yaml.safe_load(config(tmp_path, **distributed))
+    del cfg["grid"]["rows"], cfg["grid"]["cols"]
+    cfg["grid"]["per_class"] = per_class
+    cfg["data"].update(classes=classes, partition="labels", size=900)
+    cfg["training"]["iterations"] = 30
+    return yaml.safe_dump(cfg)
+
+
+def test_a_partitioned_run_trains_one_sub_grid_per_class(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text(partitioned(tmp_path, [0, 3, 5], "1x1"))
+    result = subprocess.run(
+        [sys.executable, "-m", "palomino", "up", str(path), "--cells", "3", "--out", str(tmp_path / "runs")],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = Path(result.stdout.strip().splitlines()[-1])
+    topology = [json.loads(line) for line in (run_dir / "topology.jsonl").read_text().splitlines()]
+    assert topology[0]["classes"] == {"0": {"rows": 1, "cols": 1, "row_offset": 0}, "3": {"rows": 1, "cols": 1, "row_offset": 1},
+                                      "5": {"rows": 1, "cols": 1, "row_offset": 2}}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {(tuple(r["cell"]), r["class"]) for r in records} == {((0, 0), 0), ((1, 0), 3), ((2, 0), 5)}
+    assert all(not r["neighbours"] and list(r["mixture"]) == ["-".join(map(str, r["cell"]))] for r in records), "1×1 sub-grids: no neighbours"
+    mixture = json.loads((run_dir / "result/mixture.json").read_text())
+    assert sorted(mixture["classes"]) == ["0", "3", "5"]
+    assert abs(sum(c["prior"] for c in mixture["classes"].values()) - 1) < 1e-9
+    assert all((run_dir / "result/classes" / c / "mixture.safetensors").is_file() for c in ("0", "3", "5"))
+    scores = json.loads((run_dir / "scores.json").read_text())  # every cell scored by the scorer `up` started
+    assert set(scores["cells"]) == {"0-0", "1-0", "2-0"}
+
+
+def test_a_partitioned_run_shrinks_only_the_class_that_lost_a_cell(stack: Stack) -> None:
+    stack.start(cells=4)
+    experiment = stack.client.submit(partitioned(stack.tmp_path, [1, 2], "1x2", on_failure="shrink", min_cells=2))["id"]
+    summary = wait_for_records(stack, experiment, 6)
+    assert summary["state"] == "running" and summary["classes"]["2"] == {"rows": 1, "cols": 2, "row_offset": 1}
+    victim = summary["cells"]["1-1"]  # class 2's second cell
+    stack.kill(victim)
+    final = stack.client.wait(experiment, timeout=240)
+    assert final["state"] == "finished", final
+    assert final["classes"] == {"1": {"rows": 1, "cols": 2, "row_offset": 0}, "2": {"rows": 1, "cols": 1, "row_offset": 1}}
+    assert final["failures"][0]["to"] == "class 2: 1x1"
+    topology = [json.loads(line) for line in (Path(final["run_dir"]) / "topology.jsonl").read_text().splitlines()]
+    assert topology[1]["cells"]["0-0"] == topology[0]["cells"]["0-0"] and topology[1]["cells"]["0-1"] == topology[0]["cells"]["0-1"]
+    assert set(topology[1]["cells"]) == {"0-0", "0-1", "1-0"}
+
+
+def test_a_class_that_loses_every_cell_fails_the_experiment(stack: Stack) -> None:
+    stack.start(cells=2)
+    experiment = stack.client.submit(partitioned(stack.tmp_path, [0, 1], "1x1", on_failure="shrink", min_cells=1))["id"]
+    summary = wait_for_records(stack, experiment, 4)
+    stack.kill(summary["cells"]["1-0"])
+    final = stack.client.wait(experiment, timeout=120)
+    assert final["state"] == "failed" and "class 1: every cell of its sub-grid was lost" in final["reason"], final

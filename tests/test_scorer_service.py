@@ -13,11 +13,12 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from palomino.transport.score_queue import SCORE_QUEUE, ScoreQueue
+from palomino.transport.score_queue import ScoreQueue
 from palomino.wire.score import ScoreJob, ScoreResult
 from conftest import cli_command, cli_env, last_line, palomino, tiny, write_yaml
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
+NAMESPACE = f"test-scorer-{uuid.uuid4().hex[:6]}"  # its own score queue: no other stack's scorer takes these jobs
 pytestmark = pytest.mark.slow
 
 
@@ -48,11 +49,9 @@ class Results:
         self.received: list[ScoreResult] = []
 
     async def __aenter__(self) -> Results:
-        self.queue = await ScoreQueue(BROKER).connect()
-        connection = await aio_pika.connect(BROKER)
-        self.connection = connection
-        channel = await connection.channel()
-        await (await channel.declare_queue(SCORE_QUEUE, durable=True, passive=True)).purge()  # stale jobs of other runs
+        self.queue = await ScoreQueue(BROKER, NAMESPACE).connect()
+        await self.queue._queue.purge()  # what an earlier test left
+        self.connection = await aio_pika.connect(BROKER)
         self.name = f"palomino.test.scores.{uuid.uuid4().hex[:8]}"
 
         async def keep(result: ScoreResult) -> None:
@@ -79,7 +78,8 @@ class Results:
 
 def start_scorer(name: str, log: Path) -> subprocess.Popen:
     handle = open(log, "wb")
-    return subprocess.Popen(cli_command("scorer", "--name", name), env=cli_env(), stdout=handle, stderr=subprocess.STDOUT)
+    env = {**cli_env(), "PALOMINO_NAMESPACE": NAMESPACE}
+    return subprocess.Popen(cli_command("scorer", "--name", name), env=env, stdout=handle, stderr=subprocess.STDOUT)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -96,7 +96,7 @@ async def test_a_job_is_scored_and_bad_jobs_do_not_stop_the_scorer(finished_run:
         scorer = start_scorer("scorer-a", tmp_path / "a.log")
         try:
             # Garbage: dead-lettered (never a result); a mixture that does not load: a result with the error.
-            await results.queue._default.publish(aio_pika.Message(b"\x00garbage"), routing_key=SCORE_QUEUE)
+            await results.queue._default.publish(aio_pika.Message(b"\x00garbage"), routing_key=results.queue.name)
             broken, payload = job_of(finished_run, payload=b"not safetensors")
             await results.queue.enqueue(broken, payload)
             good, payload = job_of(finished_run)

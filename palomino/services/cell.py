@@ -17,9 +17,10 @@ from typing import Any
 from palomino.config import parse_config
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
+from palomino.grid.partition import ClassGrid, class_grid_at
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.settings import ServiceSettings
-from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
+from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.redis_liveness import RedisLiveness
 from palomino.transport.score_queue import ScoreQueue
@@ -35,30 +36,31 @@ REGISTER_PERIOD = 2.0
 class ControlRecorder:
     """Recorder port → control messages to the orchestrator."""
 
-    def __init__(self, control: ControlChannel, experiment: str, worker: str, kind: str, modes: Any) -> None:
-        self.control, self.experiment, self.worker, self.kind, self.modes = control, experiment, worker, kind, modes
+    def __init__(self, control: ControlChannel, orchestrator: str, experiment: str, worker: str, kind: str, modes: Any) -> None:
+        self.control, self.orchestrator, self.experiment, self.worker = control, orchestrator, experiment, worker
+        self.kind, self.modes = kind, modes
 
     async def metrics(self, record: dict[str, Any]) -> None:
-        await self.control.send(ORCHESTRATOR, Metrics(experiment=self.experiment, worker=self.worker, record=record))
+        await self.control.send(self.orchestrator, Metrics(experiment=self.experiment, worker=self.worker, record=record))
 
     async def samples(self, coord: Coord, iteration: int, samples: Any) -> None:
         from palomino.runs.images import progress_png
 
         png = progress_png(samples, self.kind, self.modes)
-        await self.control.send(ORCHESTRATOR, Samples(experiment=self.experiment, coord=tuple(coord), iteration=iteration), png)
+        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, coord=tuple(coord), iteration=iteration), png)
 
     async def real_samples(self, coord: Coord, dataset: Any, seed: int) -> None:
         from palomino.runs.images import real_png
 
         png = await asyncio.to_thread(real_png, dataset, 64, seed)
-        await self.control.send(ORCHESTRATOR, Samples(experiment=self.experiment, coord=tuple(coord), iteration=0, real=True), png)
+        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, coord=tuple(coord), iteration=0, real=True), png)
 
     async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
         from palomino.runs.checkpoints import encode_tensors
 
         payload = await asyncio.to_thread(encode_tensors, tensors)
         message = Checkpoint(experiment=self.experiment, coord=tuple(coord), iteration=iteration, meta=meta)
-        await self.control.send(ORCHESTRATOR, message, payload)
+        await self.control.send(self.orchestrator, message, payload)
 
 
 def fits(cell: Any):
@@ -75,9 +77,19 @@ def fits(cell: Any):
     return check
 
 
+def layout_of(config: Any, coord: Coord, rows: int, cols: int, epoch: int) -> Topology | ClassGrid:
+    """The grid an assignment puts a cell on: the rows×cols torus, or (partitioned runs) its class's
+    rows×cols sub-grid, found from the cell id's band of rows."""
+    kind = config.grid.neighbourhood
+    if config.partitioned:
+        return class_grid_at(coord, config.data.labels, config.grid.per_class_shape, (rows, cols), kind, epoch)
+    return Topology(rows, cols, kind, epoch)
+
+
 class CellWorker:
     def __init__(self, settings: ServiceSettings, worker: str | None = None, device: str = "cpu") -> None:
         self.settings, self.device = settings, device
+        self.orchestrator = orchestrator_address(settings.namespace)
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.shutdown = asyncio.Event()
         self._assignment: tuple[Assign, bytes] | None = None
@@ -130,7 +142,7 @@ class CellWorker:
         while True:
             if not self._busy and self._assignment is None:
                 try:
-                    await self.control.send(ORCHESTRATOR, Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device))
+                    await self.control.send(self.orchestrator, Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device))
                 except PalominoError as error:
                     log.warning("registration failed: %s", error)
             await asyncio.sleep(REGISTER_PERIOD)
@@ -164,7 +176,7 @@ class CellWorker:
 
     async def _report_failure(self, experiment: str, reason: str) -> None:
         try:
-            await self.control.send(ORCHESTRATOR, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {reason}"))
+            await self.control.send(self.orchestrator, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {reason}"))
         except PalominoError as error:
             log.warning("could not report the failure: %s", error)
 
@@ -181,7 +193,7 @@ class CellWorker:
             # In a thread: building networks and reading data must not starve the heartbeats.
             config = parse_config(assign.config)
             dataset = load_dataset(config.data, config.seed)
-            topology = Topology(assign.rows, assign.cols, config.grid.neighbourhood, assign.epoch)
+            topology = layout_of(config, Coord(*assign.coord), assign.rows, assign.cols, assign.epoch)
             cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=experiment, device=self.device)
             if payload and (assign.restore_meta or {}).get("from") == "snapshot":
                 # Newer than any checkpoint: the individuals as the dead cell last published them.
@@ -200,7 +212,7 @@ class CellWorker:
             self.settings.broker_url, experiment, max_bytes=config.distributed.max_snapshot_bytes, validator=fits(cell)
         )
         await bus.connect()
-        recorder = ControlRecorder(self.control, experiment, self.worker, dataset.kind, dataset.modes)
+        recorder = ControlRecorder(self.control, self.orchestrator, experiment, self.worker, dataset.kind, dataset.modes)
         if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
             await recorder.real_samples(cell.coord, dataset, config.seed)
 
@@ -212,12 +224,13 @@ class CellWorker:
                 log.info("released to the spares by epoch %d", resize.epoch)
                 self._stop.set()
                 return
-            cell.relocate(Coord(*resize.coord), Topology(resize.rows, resize.cols, config.grid.neighbourhood, resize.epoch))
+            coord = Coord(*resize.coord)
+            cell.relocate(coord, layout_of(config, coord, resize.rows, resize.cols, resize.epoch))
             await bus.bind(cell.topology.neighbours(cell.coord), resize.epoch)
             log.info("moved to %s of %d×%d (epoch %d)", cell.coord, resize.rows, resize.cols, resize.epoch)
 
         every, scored = config.scoring.every, {cell.iteration}
-        scoring = await ScoreQueue(self.settings.broker_url).connect() if every else None
+        scoring = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect() if every else None
 
         async def between_iterations() -> None:
             await apply_layout()
@@ -263,7 +276,7 @@ class CellWorker:
                     mixture=result.description,
                     samples_png=base64.b64encode(result.samples_png).decode(),
                 )
-                await self.control.send(ORCHESTRATOR, done, result.payload)
+                await self.control.send(self.orchestrator, done, result.payload)
                 log.info("cell %s of %s done (score %.4g)", cell.coord, experiment, result.score)
         finally:
             await bus.close()

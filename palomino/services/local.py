@@ -27,10 +27,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM when `up` dies, even by SIGKILL (no orphaned workers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the children outlive a killed `up`
+
+
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as handle:
-        return subprocess.Popen([sys.executable, "-m", "palomino", *args], stdout=handle, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "palomino", *args], stdout=handle, stderr=subprocess.STDOUT, env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
 
 
 def _stop(processes: list[subprocess.Popen], grace: float = 15.0) -> None:
@@ -90,7 +103,9 @@ def run_up(
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     logs = Path(out) / ".up-logs" / time.strftime("%Y%m%d-%H%M%S")
-    env = {**os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url}
+    # Its own namespace: another stack on the same broker (another `up`, a deployment) never sees its messages.
+    namespace = settings.namespace or f"up-{port}-{os.getpid()}"
+    env = {**os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url, "PALOMINO_NAMESPACE": namespace}
     orchestrator = _spawn(["orchestrator", "--runs", str(out), "--port", str(port)], logs / "orchestrator.log", env)
     workers: list[subprocess.Popen] = []
     try:
@@ -114,7 +129,7 @@ def run_up(
             task = progress.add_task("cell-iterations", total=None, state="waiting")
 
             def on_poll(summary: dict[str, Any]) -> None:
-                total = (summary["rows"] or 0) * (summary["cols"] or 0) * summary["iterations"] or None
+                total = len(summary["cells"]) * summary["iterations"] or None
                 epoch = f", epoch {summary['epoch']}" if summary["epoch"] else ""
                 progress.update(task, total=total, completed=summary["records"], state=summary["state"] + epoch)
 
@@ -123,11 +138,13 @@ def run_up(
             console.print(f"experiment {experiment} {summary['state']}: {summary['reason']}", highlight=False)
         elif scorers and yaml.safe_load(config_yaml).get("scoring", {}).get("final", True):
             # The best mixture and every cell's: the scorers' results land in scores.json.
-            targets = 1 + len(summary["cells"])
+            targets = len(summary["cells"]) + ("classes" not in summary)  # partitioned: no single best mixture
             with console.status(f"scoring {targets} mixtures"):
                 scores = wait_for_scores(Path(summary["run_dir"]), targets, score_timeout)
             best = scores.get("best")
-            if best is None:
+            if "classes" in summary:
+                console.print(f"{len(scores.get('cells', {}))} cells scored; the class mixture: palomino score {summary['run_dir']}", highlight=False)
+            elif best is None:
                 console.print(f"no score arrived within {score_timeout:.0f} s; see {logs}", highlight=False)
             else:
                 console.print(f"best mixture: {summarise_scores(best)}", highlight=False)

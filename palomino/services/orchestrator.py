@@ -19,11 +19,12 @@ from aiormq.exceptions import AMQPError
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, rectangle, relayout
+from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
 from palomino.runs.directory import RunDirectory
 from palomino.runs.result import CellResult, write_result
 from palomino.services.settings import ServiceSettings
-from palomino.transport.control import ORCHESTRATOR, ControlChannel, cell_address
+from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import forget_published, newest_published
 from palomino.transport.redis_liveness import RedisLiveness
 from palomino.transport.score_queue import ScoreQueue
@@ -66,6 +67,7 @@ class Experiment:
     recorded: set[tuple[str, int]] = field(default_factory=set)  # (cell, iteration) in metrics.jsonl
     failures: list[dict[str, Any]] = field(default_factory=list)
     laid_out: set[Coord] = field(default_factory=set)  # every coordinate of every layout (their last-value queues)
+    partition: Partition | None = None  # a partitioned run's class sub-grids (cell ids of `topology`'s space)
 
     @property
     def finished(self) -> bool:
@@ -87,7 +89,36 @@ class Experiment:
             "cells": {str(c): w for c, w in sorted(self.cells.items())},
             "liveness": {w: (alive is None or w in alive) for w in self.cells.values()},
             "failures": self.failures,
+            **({"classes": self.partition.describe()} if self.partition else {}),
         }
+
+    def shape_of(self, coord: Coord) -> tuple[int, int]:
+        """rows×cols an Assign/Resize tells the cell at `coord`: its class's sub-grid, else the grid."""
+        if self.partition is not None:
+            grid = self.partition.grid_of(coord)
+            return grid.rows, grid.cols
+        assert self.topology is not None
+        return self.topology.rows, self.topology.cols
+
+    def record_layout(self) -> None:
+        assert self.topology is not None
+        classes = self.partition.describe() if self.partition else None
+        self.run.append_topology(self.topology, {str(c): w for c, w in self.cells.items()}, classes)
+
+
+def class_layout(config: ExperimentConfig, workers: int) -> Partition | None:
+    """A partitioned run's sub-grids for `workers` workers: grid.per_class each when all are
+    there, else the workers shared out evenly over the classes (None: fewer than one per class)."""
+    labels = sorted(config.data.labels or ())
+    per_rows, per_cols = config.grid.per_class_shape
+    partition = partition_grid(labels, (per_rows, per_cols), config.grid.neighbourhood)
+    if workers >= partition.size:
+        return partition
+    if workers < len(labels):
+        return None
+    share = [workers // len(labels) + (k < workers % len(labels)) for k in range(len(labels))]
+    grids = tuple(g.resized(*class_rectangle(n, per_rows), 0) for g, n in zip(partition.grids, share))
+    return Partition(grids, (per_rows, per_cols))
 
 
 def record_score(folder: Path, result: ScoreResult) -> None:
@@ -141,11 +172,12 @@ class Orchestrator:
 
     async def start(self) -> None:
         self.runs.mkdir(parents=True, exist_ok=True)
-        self.control = await ControlChannel(self.settings.broker_url, ORCHESTRATOR).connect()
+        namespace = self.settings.namespace
+        self.control = await ControlChannel(self.settings.broker_url, orchestrator_address(namespace)).connect()
         self.liveness = RedisLiveness(self.settings.redis_url)
         await self.control.listen(self._on_control)
-        self.scoring = await ScoreQueue(self.settings.broker_url).connect()
-        await self.scoring.follow_results(SCORES_QUEUE, self._on_score)
+        self.scoring = await ScoreQueue(self.settings.broker_url, namespace).connect()
+        await self.scoring.follow_results(SCORES_QUEUE + (f".{namespace}" if namespace else ""), self._on_score)
         self._task = asyncio.create_task(self._supervise())
 
     async def close(self) -> None:
@@ -257,7 +289,9 @@ class Orchestrator:
         if not scoring.final:
             return
         options = scoring.job_options()
-        targets = [("best", best)] + [(str(coord), result) for coord, result in sorted(experiment.done.items())]
+        targets = [(str(coord), result) for coord, result in sorted(experiment.done.items())]
+        if experiment.partition is None:  # a class mixture has no single payload: `palomino score` scores it
+            targets.insert(0, ("best", best))
         for target, result in targets:
             job = ScoreJob(
                 job=f"{experiment.id}:{target}",
@@ -344,12 +378,21 @@ class Orchestrator:
             return
         if min(len(spares), high) == config.cells:
             rows, cols = config.grid.rows, config.grid.cols  # exactly the configured grid when it is there
+        if config.partitioned:
+            experiment.partition = class_layout(config, min(len(spares), high))
+            if experiment.partition is None:  # fewer workers than classes, after the start timeout
+                await self._end(experiment, "failed", f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; "
+                                f"a partitioned run needs at least one per class ({len(config.data.labels or ())})")
+                return
+            rows, cols = experiment.partition.rows, max(g.cols for g in experiment.partition.grids)
+            coords = list(experiment.partition.cells())
         topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
+        coords = coords if config.partitioned else list(topology.cells())
         experiment.topology = topology
-        experiment.laid_out.update(topology.cells())
-        experiment.cells = dict(zip(topology.cells(), spares))
+        experiment.laid_out.update(coords)
+        experiment.cells = dict(zip(coords, spares))
         experiment.state = "running"
-        experiment.run.append_topology(topology, {str(c): w for c, w in experiment.cells.items()})
+        experiment.record_layout()
         log.info("experiment %s starts on %d×%d: %s", experiment.id, rows, cols, {str(c): w for c, w in experiment.cells.items()})
         for coord, worker in experiment.cells.items():
             await self._assign(experiment, coord, worker)
@@ -373,13 +416,14 @@ class Orchestrator:
             # The iterations it will redo are recorded again by the newcomer.
             experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
             experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
+        rows, cols = experiment.shape_of(coord)
         message = Assign(
             experiment=experiment.id,
             worker=worker,
             config=experiment.config.model_dump(mode="json"),
             coord=tuple(coord),
-            rows=topology.rows,
-            cols=topology.cols,
+            rows=rows,
+            cols=cols,
             epoch=topology.epoch,
             restore_meta=meta,
         )
@@ -432,8 +476,8 @@ class Orchestrator:
         old = experiment.topology
         assert old is not None
         experiment.topology = Topology(rows, cols, old.kind, old.epoch + 1)
-        experiment.laid_out.update(experiment.topology.cells())
-        experiment.run.append_topology(experiment.topology, {str(c): w for c, w in experiment.cells.items()})
+        experiment.laid_out.update(experiment.cells)
+        experiment.record_layout()
         await self._event(experiment, "topology", experiment.summary(self.alive))
         return experiment.topology
 
@@ -446,18 +490,53 @@ class Orchestrator:
         for coord in dead:
             await self._assign(experiment, coord, experiment.cells[coord], restore=True)
 
-    async def _shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> None:
+    def _plan_shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> tuple[dict[Coord, str], int, int, Partition | None] | str:
+        """(survivors placed, rows, cols of the id space, the new partition) or why the experiment fails.
+
+        A plain grid is laid out again as a whole; a partitioned one only in the classes that lost
+        cells, each within its band of rows, so no cell ever changes class."""
         low, high = experiment.config.cell_bounds
-        survivors = [w for c, w in sorted(experiment.cells.items()) if c not in dead]
-        rows, cols = rectangle(min(len(survivors), high)) if survivors else (0, 0)
-        if rows * cols < low:  # the rectangle, not the head count: 7 survivors lay out as 2×3
-            await self._end(experiment, "failed", f"{len(survivors)} cells left after failures; min_cells is {low} (checkpoints kept)")
+        current = {c: w for c, w in sorted(experiment.cells.items()) if c not in dead}
+        if experiment.partition is None:
+            rows, cols = rectangle(min(len(current), high)) if current else (0, 0)
+            if rows * cols < low:  # the rectangle, not the head count: 7 survivors lay out as 2×3
+                return f"{len(current)} cells left after failures; min_cells is {low} (checkpoints kept)"
+            return relayout(current, list(current.values()), rows, cols), rows, cols, None
+        partition, epoch = experiment.partition, experiment.topology.epoch + 1
+        grids, placed = [], {}
+        for grid in partition.grids:
+            mine = {c: w for c, w in current.items() if c in grid}
+            if not any(c in grid for c in dead):
+                grids.append(grid)
+                placed.update(mine)
+                continue
+            if not mine:
+                return f"class {grid.label}: every cell of its sub-grid was lost (checkpoints kept)"
+            rows, cols = class_rectangle(len(mine), partition.per_class[0])
+            local = relayout({grid.to_local(c): w for c, w in mine.items()}, list(mine.values()), rows, cols)
+            resized = grid.resized(rows, cols, epoch)
+            grids.append(resized)
+            placed.update({resized.to_global(c): w for c, w in local.items()})
+        if len(placed) < low:
+            return f"{len(placed)} cells left after failures; min_cells is {low} (checkpoints kept)"
+        shrunk = Partition(tuple(grids), partition.per_class)
+        return placed, shrunk.rows, max(g.cols for g in grids), shrunk
+
+    async def _shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> None:
+        plan = self._plan_shrink(experiment, dead)
+        if isinstance(plan, str):
+            await self._end(experiment, "failed", plan)
             return
-        placed = relayout({c: w for c, w in experiment.cells.items() if c not in dead}, survivors, rows, cols)
+        placed, rows, cols, partition = plan
+        survivors = [w for c, w in sorted(experiment.cells.items()) if c not in dead]
         moved = {w for c, w in placed.items() if experiment.cells.get(c) != w}
         released = [w for w in survivors if w not in placed.values()]
         for coord, worker in dead.items():
-            experiment.failures.append({"worker": worker, "cell": str(coord), "action": "shrink", "to": f"{rows}x{cols}", "at": time.time()})
+            shape = f"{rows}x{cols}"
+            if partition is not None:  # the class's new sub-grid
+                grid = partition.grid_for(experiment.partition.class_of(coord))
+                shape = f"class {grid.label}: {grid.rows}x{grid.cols}"
+            experiment.failures.append({"worker": worker, "cell": str(coord), "action": "shrink", "to": shape, "at": time.time()})
         working = set(self._working_on(experiment)) - set(dead.values())
         # Cells that already finished keep their result, under their (possibly new) coordinate.
         result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
@@ -473,12 +552,15 @@ class Orchestrator:
                     folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
                 await self._forget_published(experiment, coord)
         experiment.cells = placed
+        experiment.partition = partition
         topology = await self._new_epoch(experiment, rows, cols)
         log.info("experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released", experiment.id, rows, cols, topology.epoch, len(moved), len(released))
         for coord, worker in placed.items():
             if worker in working:  # finished cells and workers on other experiments are left alone
                 self.workers[worker].coord = coord
-                await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=topology.epoch))
+                shape = experiment.shape_of(coord)
+                resize = Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=shape[0], cols=shape[1], epoch=topology.epoch)
+                await self.control.send(cell_address(worker), resize)
         for worker in released:
             if worker not in working:
                 continue

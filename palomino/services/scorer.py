@@ -66,7 +66,7 @@ class Scorer:
         return result
 
     async def run(self) -> None:
-        queue = await ScoreQueue(self.settings.broker_url).connect()
+        queue = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect()
         try:
             await queue.consume(self.handle)
             log.info("scorer %s ready (broker %s)", self.name, self.settings.broker_url.split("@")[-1])

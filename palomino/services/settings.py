@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -11,6 +12,9 @@ class ServiceSettings(BaseSettings):
     broker_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     redis_url: str = "redis://127.0.0.1:6379/0"
     orchestrator_url: str = "http://127.0.0.1:8000"
+    # Several stacks on one broker (e.g. two `palomino up` at once) keep apart by namespace:
+    # each has its own orchestrator queue and score queue. Empty: the shared default names.
+    namespace: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
 
     def with_flags(self, **flags: str | None) -> ServiceSettings:
         return self.model_copy(update={k: v for k, v in flags.items() if v})

@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 CONTROL_EXCHANGE = "palomino.control"
 EVENTS_EXCHANGE = "palomino.events"
 ORCHESTRATOR = "orchestrator"
+NAMESPACED_EXPIRY_MS = 24 * 3600 * 1000  # a namespace's durable queues go a day after their last user
+
+
+def orchestrator_address(namespace: str = "") -> str:
+    """The orchestrator's routing key (and queue `palomino.<address>`) in a namespace."""
+    return f"{ORCHESTRATOR}.{namespace}" if namespace else ORCHESTRATOR
 
 Handler = Callable[[ControlMessage, bytes], Awaitable[None]]
 
@@ -44,13 +50,11 @@ class ControlChannel:
         self._exchange = await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
         self._events = await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
         await declare_dead_letters(channel)
-        durable = self.address == ORCHESTRATOR
-        self._queue = await channel.declare_queue(
-            f"palomino.{self.address}",
-            durable=durable,
-            exclusive=not durable,
-            arguments={"x-dead-letter-exchange": DEAD_EXCHANGE},
-        )
+        durable = self.address.split(".")[0] == ORCHESTRATOR
+        arguments = {"x-dead-letter-exchange": DEAD_EXCHANGE}
+        if durable and self.address != ORCHESTRATOR:
+            arguments["x-expires"] = NAMESPACED_EXPIRY_MS
+        self._queue = await channel.declare_queue(f"palomino.{self.address}", durable=durable, exclusive=not durable, arguments=arguments)
         await self._queue.bind(self._exchange, routing_key=self.address)
         return self
 

@@ -14,13 +14,17 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.errors import SnapshotError
-from palomino.transport.control import EVENTS_EXCHANGE
+from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
 from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, publish_with_retry
 from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
 
 log = logging.getLogger(__name__)
 
 SCORE_QUEUE = "palomino.score"
+
+
+def score_queue_name(namespace: str = "") -> str:
+    return f"{SCORE_QUEUE}.{namespace}" if namespace else SCORE_QUEUE
 JobHandler = Callable[[ScoreJob, bytes], Awaitable[ScoreResult]]
 ResultHandler = Callable[[ScoreResult], Awaitable[None]]
 
@@ -30,8 +34,12 @@ def result_key(experiment: str) -> str:
 
 
 class ScoreQueue:
-    def __init__(self, url: str, *, publish_timeout: float = 120.0, max_bytes: int = SCORE_JOB_MAX_BYTES) -> None:
+    def __init__(self, url: str, namespace: str = "", *, publish_timeout: float = 120.0, max_bytes: int = SCORE_JOB_MAX_BYTES) -> None:
         self.url, self.publish_timeout, self.max_bytes = url, publish_timeout, max_bytes
+        self.name = score_queue_name(namespace)
+        self._arguments: dict = {"x-dead-letter-exchange": DEAD_EXCHANGE}
+        if namespace:
+            self._arguments["x-expires"] = NAMESPACED_EXPIRY_MS
         self.rejected = 0
         self._connection = None
 
@@ -40,7 +48,7 @@ class ScoreQueue:
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=1)  # one job at a time: the others stay for other scorers
         await declare_dead_letters(self._channel)
-        self._queue = await self._channel.declare_queue(SCORE_QUEUE, durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+        self._queue = await self._channel.declare_queue(self.name, durable=True, arguments=self._arguments)
         self._default = self._channel.default_exchange
         self._events = await self._channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
         return self
@@ -51,7 +59,7 @@ class ScoreQueue:
 
     async def enqueue(self, job: ScoreJob, payload: bytes) -> None:
         message = aio_pika.Message(encode_job(job, payload), type=job.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-        await publish_with_retry(self._default, message, SCORE_QUEUE, self.url, self.publish_timeout)
+        await publish_with_retry(self._default, message, self.name, self.url, self.publish_timeout)
 
     async def publish_result(self, result: ScoreResult) -> None:
         body = result.model_dump_json().encode()
@@ -82,7 +90,7 @@ class ScoreQueue:
 
     async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "*") -> None:
         """Deliver `score` events to `handler` through the durable queue `queue_name` (results wait there)."""
-        queue = await self._channel.declare_queue(queue_name, durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+        queue = await self._channel.declare_queue(queue_name, durable=True, arguments=self._arguments)
         await queue.bind(self._events, routing_key=result_key(experiments))
 
         async def on_message(message: AbstractIncomingMessage) -> None:
