@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from palomino.errors import SnapshotError, describe_validation
 from palomino.wire import frame
 
 CONTROL_MAX_BYTES = 256 * 1024 * 1024  # checkpoints of large networks travel here
@@ -124,10 +123,4 @@ def encode_control(message: _Message, payload: bytes = b"") -> bytes:
 
 
 def decode_control(body: bytes, *, max_bytes: int = CONTROL_MAX_BYTES) -> tuple[ControlMessage, bytes]:
-    raw, payload = frame.unpack(body, max_bytes=max_bytes, what="control message")
-    raw.pop("checksum", None)
-    raw.pop("payload_bytes", None)
-    try:
-        return _ADAPTER.validate_python(raw), payload
-    except ValidationError as error:
-        raise SnapshotError(f"control message is invalid: {describe_validation(error)}") from None
+    return frame.unpack_message(body, _ADAPTER.validate_python, max_bytes=max_bytes, what="control message")

@@ -11,9 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from palomino.errors import SnapshotError
+from pydantic import ValidationError
+
+from palomino.errors import SnapshotError, describe_validation
+
+T = TypeVar("T")
 
 LENGTH = struct.Struct("<Q")
 MAX_HEADER = 1024 * 1024
@@ -48,3 +52,14 @@ def unpack(body: bytes, *, max_bytes: int, what: str = "message") -> tuple[dict[
     if hashlib.sha256(payload).hexdigest() != header.get("checksum"):
         raise SnapshotError(f"{what} payload fails its SHA-256 checksum")
     return header, payload
+
+
+def unpack_message(body: bytes, validate: Callable[[dict[str, Any]], T], *, max_bytes: int, what: str) -> tuple[T, bytes]:
+    """`unpack`, then the header (less the framing fields) through a pydantic validator."""
+    raw, payload = unpack(body, max_bytes=max_bytes, what=what)
+    raw.pop("checksum", None)
+    raw.pop("payload_bytes", None)
+    try:
+        return validate(raw), payload
+    except ValidationError as error:
+        raise SnapshotError(f"{what} is invalid: {describe_validation(error)}") from None

@@ -51,13 +51,7 @@ def encode_job(job: ScoreJob, payload: bytes) -> bytes:
 
 def decode_job(body: bytes, *, max_bytes: int = SCORE_JOB_MAX_BYTES) -> tuple[ScoreJob, bytes]:
     """The job and its payload, or a SnapshotError naming what is wrong (the queue dead-letters it)."""
-    raw, payload = frame.unpack(body, max_bytes=max_bytes, what="score job")
-    raw.pop("checksum", None)
-    raw.pop("payload_bytes", None)
-    try:
-        return ScoreJob.model_validate(raw), payload
-    except ValidationError as error:
-        raise SnapshotError(f"score job is invalid: {describe_validation(error)}") from None
+    return frame.unpack_message(body, ScoreJob.model_validate, max_bytes=max_bytes, what="score job")
 
 
 def decode_result(body: bytes) -> ScoreResult:
