@@ -8,7 +8,7 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -229,13 +229,17 @@ def cell(
 
     if device != "cpu" and not device.startswith("cuda"):
         raise _fail(ConfigError(f"--device {device}: use cpu or cuda[:N]"))
-    worker = CellWorker(_settings(broker, redis), worker_id, device)
+    _serve(CellWorker(_settings(broker, redis), worker_id, device))
+
+
+def _serve(service: Any) -> None:
+    """Run a service until SIGINT/SIGTERM asks it to finish what it is doing and leave."""
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, worker.request_shutdown)
-        await worker.run()
+            loop.add_signal_handler(sig, service.request_shutdown)
+        await service.run()
 
     try:
         asyncio.run(go())
@@ -352,18 +356,7 @@ def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(No
     """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
     from palomino.services.scorer import Scorer
 
-    service = Scorer(_settings(broker), name)
-
-    async def go() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, service.request_shutdown)
-        await service.run()
-
-    try:
-        asyncio.run(go())
-    except PalominoError as error:
-        raise _fail(error) from None
+    _serve(Scorer(_settings(broker), name))
 
 
 @app.command()
