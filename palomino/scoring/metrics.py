@@ -19,9 +19,10 @@ from torchmetrics.image.kid import KernelInceptionDistance
 
 from palomino.scoring.extractors import FeatureExtractor
 from palomino.scoring.reference import RealStatistics
-from palomino.scoring.tvd import ClassDistributionTVD
+from palomino.scoring.tvd import ClassDistributionTVD, ClassHitRate
 
 IMAGE_METRICS = ("fid", "is", "kid", "tvd")
+CLASS_METRICS = ("hit",)  # reported for one class's generator, beside the image metrics asked for
 KID_SUBSET = 1000  # torchmetrics' default subset size; smaller when fewer samples are scored
 
 
@@ -85,9 +86,19 @@ def inception_score_metric(view: nn.Module, splits: int) -> InceptionScore:
 
 
 def build_metrics(
-    names: Iterable[str], extractor: FeatureExtractor, real: RealStatistics, *, samples: int, is_splits: int = 10
+    names: Iterable[str],
+    extractor: FeatureExtractor,
+    real: RealStatistics,
+    *,
+    samples: int,
+    is_splits: int = 10,
+    label: int | None = None,
 ) -> dict[str, Metric]:
-    """The torchmetrics objects for `names` (a subset of fid, is, kid, tvd), sharing one extractor pass."""
+    """The torchmetrics objects for `names` (a subset of fid, is, kid, tvd, and hit with `label`: the
+    logit index of the class scored), sharing one extractor pass."""
+    names = list(names)
+    if "hit" in names and label is None:
+        raise ValueError("the hit rate needs the label of the class scored")
     shared = SharedPass(extractor)
     features, logits = shared.view("features"), shared.view("logits")
     make = {
@@ -95,6 +106,7 @@ def build_metrics(
         "kid": lambda: kid_metric(features, real, samples),
         "is": lambda: inception_score_metric(logits, is_splits),
         "tvd": lambda: ClassDistributionTVD(logits, real.class_distribution),
+        "hit": lambda: ClassHitRate(logits, label),
     }
     return {name: make[name]() for name in names}
 

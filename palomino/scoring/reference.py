@@ -1,5 +1,7 @@
 """Real-data statistics: the extractor's features of the real images and the real class distribution,
-computed once per (dataset, split, size, extractor) and cached on disk as safetensors + JSON.
+computed once per (dataset, split, size, extractor, class) and cached on disk as safetensors + JSON.
+One class's statistics (what a partitioned run's class-c generators are scored against) are keyed
+`<dataset>-<split>-class<c>-…`; the whole data's keep their key without a class.
 
 The key also holds a hash of the real images themselves, so a different data directory, subset
 seed or file never reuses another's statistics. Files are written atomically: parallel scorers
@@ -81,11 +83,16 @@ def reference_statistics(
     batch_size: int,
     cache_dir: Path,
     device: str = "cpu",
+    label: int | None = None,
 ) -> RealStatistics:
-    """The real statistics of `dataset` under `extractor`, from the cache or computed and cached."""
+    """The real statistics of `dataset` under `extractor`, from the cache or computed and cached.
+
+    `label`: `dataset` is that class's samples only (class_subset), which the key then says."""
     images, labels = real_images(dataset, samples)
-    digest = hashlib.sha256(f"{extractor.identity}|{images_digest(images)}".encode()).hexdigest()[:16]
-    key = _safe(f"{dataset.name}-{split}-{len(images)}-{extractor.identity}-{digest}")
+    tag = "" if label is None else f"class{label}-"
+    identity = f"{extractor.identity}|{images_digest(images)}" + ("" if label is None else f"|class {label}")
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    key = _safe(f"{dataset.name}-{split}-{tag}{len(images)}-{extractor.identity}-{digest}")
     folder = Path(cache_dir) / "real-statistics"
     path, meta_path = folder / f"{key}.safetensors", folder / f"{key}.json"
     if path.is_file() and meta_path.is_file():
@@ -126,6 +133,7 @@ def reference_statistics(
         "extractor": extractor.identity,
         "num_features": extractor.num_features,
         "class_source": source,
+        **({} if label is None else {"class": label}),
     }
     atomic_write(meta_path, json.dumps(meta, indent=2).encode())
     return RealStatistics(features, distribution, source, key, path, cached=False)

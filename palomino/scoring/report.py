@@ -6,10 +6,19 @@ from typing import Any
 
 from rich.table import Table
 
-HEADERS = {"fid": "FID ↓", "is": "IS ↑", "kid": "KID ×10³ ↓", "tvd": "TVD ↓", "modes": "modes ↑ (high quality)"}
+HEADERS = {
+    "fid": "FID ↓",
+    "is": "IS ↑",
+    "kid": "KID ×10³ ↓",
+    "tvd": "TVD ↓",
+    "modes": "modes ↑ (high quality)",
+    "hit": "hit ↑",
+}
 
 
-def format_metric(name: str, result: dict[str, Any]) -> str:
+def format_metric(name: str, result: dict[str, Any] | None) -> str:
+    if result is None:  # a column of one-class scores on a row that is not one
+        return ""
     if result.get("not_applicable"):
         return "n/a"
     value = result.get("value")
@@ -21,24 +30,47 @@ def format_metric(name: str, result: dict[str, Any]) -> str:
         return f"{value:.2f} ± {result['std']:.2f}"
     if name == "modes":
         return f"{value}/{result['modes']} ({result['high_quality']:.0%})"
+    if name == "hit":
+        return f"{value:.1%}"
     return f"{value:.3f}" if name == "tvd" else f"{value:.2f}"
 
 
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, scores) of the best mixture, then each class's (a partitioned or conditional run), then each cell's."""
+    cell = report["best"].get("cell")  # None for a partitioned run's class mixture
+    classes = report.get("classes") or {}
+    if cell:
+        best = f"best ({cell})"
+    else:
+        best = "class mixture" if classes else "best"
+    rows = [(best, report["best"])]
+    for label, scores in sorted(classes.items(), key=lambda item: int(item[0])):
+        where = f"{scores['cell']}, drawn for {label}" if "drawn_for" in scores else scores.get("cell")
+        rows.append((f"class {label} ({where})" if where else f"class {label}", scores))
+    for name, scores in sorted(report["cells"].items()):
+        rows.append((f"{name} (class {scores['class']})" if "class" in scores else name, scores))
+    return rows
+
+
 def scores_table(report: dict[str, Any]) -> Table:
-    """One row per mixture (the best first, then each cell's neighbourhood mixture), one column per metric."""
-    names = report["metrics"]
+    """One row per mixture (the best first, then each class's best for a partitioned or conditional run,
+    then each cell's neighbourhood mixture), one column per metric; one-class rows add `hit`."""
+    names = list(report["metrics"])
+    names += [n for n in report.get("class_metrics", []) if n not in names]
     extractor = report.get("extractor") or "none"
     table = Table(title=f"{report['run']}: {report['samples']:,} samples per mixture, extractor {extractor}")
     table.add_column("mixture")
     for name in names:
         table.add_column(HEADERS.get(name, name), justify="right")
     table.add_column("s", justify="right")
-    cell = report["best"].get("cell")  # None for a partitioned run's class mixture
-    rows = [(f"best ({cell})" if cell else "best", report["best"]), *sorted(report["cells"].items())]
-    for label, scores in rows:
-        table.add_row(label, *(format_metric(n, scores["metrics"][n]) for n in names), f"{scores['seconds']:.1f}")
-    for name in names:
-        why = report["best"]["metrics"][name].get("not_applicable")
-        if why:
-            table.caption = (table.caption + "; " if table.caption else "") + why
+    reasons: list[str] = []
+    for label, scores in _rows(report):
+        metrics = scores["metrics"]
+        table.add_row(label, *(format_metric(n, metrics.get(n)) for n in names), f"{scores['seconds']:.1f}")
+        for name in names:
+            why = (metrics.get(name) or {}).get("not_applicable")
+            if why and why not in reasons:
+                reasons.append(why)
+    if reasons:
+        table.caption = "; ".join(reasons)
     return table

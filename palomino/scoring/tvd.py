@@ -1,6 +1,7 @@
 """Lipizzaner's TVD: the total variation distance between the class distribution of generated images,
 as a classifier labels them, and the real class distribution. 0 when every class is generated as
 often as it occurs in the data; 1 − p_c when only class c is generated (total mode collapse).
+Scoring one class's generator, `ClassHitRate` is the share of its samples classified as that class.
 """
 
 from __future__ import annotations
@@ -43,3 +44,29 @@ class ClassDistributionTVD(Metric):
         if self.counts.sum() == 0:
             raise RuntimeError("TVD needs at least one generated sample")
         return total_variation(self.counts / self.counts.sum(), self.reference)
+
+
+class ClassHitRate(Metric):
+    """The share of generated images `feature` (a module giving logits) classifies as `label`: how
+    often one class's generator (a partitioned run's component, a conditional draw of class c) makes
+    its own class. 1 − this is that generator's TVD from a class-c-only reference."""
+
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, feature: nn.Module, label: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.feature = feature
+        self.label = int(label)
+        self.add_state("hits", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, images: Tensor) -> None:
+        predicted = self.feature(images).argmax(dim=1)
+        self.hits += (predicted == self.label).sum().double()
+        self.total += len(predicted)
+
+    def compute(self) -> Tensor:
+        if self.total == 0:
+            raise RuntimeError("the hit rate needs at least one generated sample")
+        return self.hits / self.total
