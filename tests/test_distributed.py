@@ -166,6 +166,8 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     assert topology[1]["cells"][victim_cell] != victim and victim not in topology[1]["cells"].values()
     restarted = re.search(rf"cell\s+{victim_cell}\s+of\s+\S+\s+restarts\s+at\s+iteration\s+(\d+)\s+from\s+(\w+)", stack.log("orchestrator"))
     assert restarted and restarted.group(2) == "snapshot" and int(restarted.group(1)) > 0, stack.log("orchestrator")[-2000:]
+    print(f"[fault] replace: killed {victim} at {victim_cell} after {summary['records']} records; a spare took over in "
+          f"{detected:.1f} s (TTL 3 s), restored from the snapshot of iteration {restarted.group(1)}; epochs {[t['epoch'] for t in topology]}")
 
 
 def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:
@@ -174,6 +176,11 @@ def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:
     summary = wait_for_records(stack, experiment, 6)
     _, victim = sorted(summary["cells"].items())[3]
     stack.kill(victim)
+    killed_at = time.monotonic()
+    while stack.client.experiment(experiment)["epoch"] == 0:
+        assert time.monotonic() - killed_at < 30, "no shrink within 30 s"
+        time.sleep(0.2)
+    detected = time.monotonic() - killed_at
     final = stack.client.wait(experiment, timeout=240)
     assert final["state"] == "finished", final
     assert (final["rows"], final["cols"]) == (1, 3) and final["epoch"] == 1
@@ -184,6 +191,7 @@ def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:
     assert topology[1]["cells"]["0-0"] == topology[0]["cells"]["0-0"]
     assert topology[1]["cells"]["0-1"] == topology[0]["cells"]["0-1"]
     assert len(json.loads((Path(final["run_dir"]) / "result/ranking.json").read_text())["ranking"]) == 3
+    print(f"[fault] shrink: killed {victim} after {summary['records']} records; 2×2 → 1×3 (epoch 1) in {detected:.1f} s (TTL 3 s)")
 
 
 def test_below_min_cells_the_experiment_fails_with_its_reason(stack: Stack) -> None:
@@ -277,6 +285,7 @@ def test_cells_killed_one_after_another_still_finish(stack: Stack) -> None:
     else:
         assert (final["rows"], final["cols"]) == (2, 2)
     check_finished_run(Path(final["run_dir"]), cells=final["rows"] * final["cols"], iterations=ITERATIONS)
+    print(f"[fault] 2 of 5 workers killed in turn: {actions}; finished on {final['rows']}×{final['cols']}, epoch {final['epoch']}")
 
 
 def test_garbage_on_the_snapshot_exchange_does_not_stop_training(stack: Stack) -> None:

@@ -242,7 +242,7 @@ class CellWorker:
             payload, description = await asyncio.to_thread(mixture.encode)
             job = ScoreJob(
                 job=f"{experiment}:{cell.coord}@{cell.iteration}", experiment=experiment, target=str(cell.coord),
-                iteration=cell.iteration, mixture=description, data=config.data.model_dump(mode="json"),
+                iteration=cell.iteration, mixture=description, data=config.data.model_dump(mode="json"), data_seed=config.seed,
                 options=config.scoring.job_options(),
             )
             try:

@@ -299,6 +299,7 @@ class Orchestrator:
                 target=target,
                 mixture=result.description,
                 data=experiment.config.data.model_dump(mode="json"),
+                data_seed=experiment.config.seed,
                 options=options,
             )
             try:

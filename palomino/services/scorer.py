@@ -36,7 +36,7 @@ def score_job(job: ScoreJob, payload: bytes) -> dict:
     with tempfile.TemporaryDirectory(prefix="palomino-score-") as folder:
         save_encoded(Path(folder), payload, job.mixture)
         mixture = Mixture.load(Path(folder))
-    return score_mixture(mixture, data, options)
+    return score_mixture(mixture, data, options, data_seed=job.data_seed)
 
 
 class Scorer:

@@ -27,6 +27,7 @@ class ScoreJob(BaseModel):
     iteration: int | None = None  # None: the final mixture; else a periodic one (scoring.every)
     mixture: dict[str, Any]  # mixture.json
     data: dict[str, Any]  # the experiment's DataConfig
+    data_seed: int = 0  # the experiment's seed: the toys and data.size subsets are drawn with it
     options: dict[str, Any] = {}  # ScoringOptions
 
 
