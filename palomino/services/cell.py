@@ -213,8 +213,18 @@ class CellWorker:
         )
         await bus.connect()
         recorder = ControlRecorder(self.control, self.orchestrator, experiment, self.worker, dataset.kind, dataset.modes)
-        if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
-            await recorder.real_samples(cell.coord, dataset, config.seed)
+        every, scored, scoring = config.scoring.every, {cell.iteration}, None
+        try:  # until the training's own try/finally below: nothing may leave the bus open
+            if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
+                await recorder.real_samples(cell.coord, dataset, config.seed)
+            if every:
+                try:
+                    scoring = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect()
+                except PalominoError as error:
+                    log.warning("periodic scoring is off for this cell: %s", error)
+        except BaseException:
+            await bus.close()
+            raise
 
         async def apply_layout() -> None:
             resize, self._pending = self._pending, None
@@ -228,9 +238,6 @@ class CellWorker:
             cell.relocate(coord, layout_of(config, coord, resize.rows, resize.cols, resize.epoch))
             await bus.bind(cell.topology.neighbours(cell.coord), resize.epoch)
             log.info("moved to %s of %d×%d (epoch %d)", cell.coord, resize.rows, resize.cols, resize.epoch)
-
-        every, scored = config.scoring.every, {cell.iteration}
-        scoring = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect() if every else None
 
         async def between_iterations() -> None:
             await apply_layout()

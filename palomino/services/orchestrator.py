@@ -27,7 +27,7 @@ from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import forget_published, newest_published
 from palomino.transport.redis_liveness import RedisLiveness
-from palomino.transport.score_queue import ScoreQueue
+from palomino.transport.score_queue import RESULTS_QUEUE, ScoreQueue, score_queue_name
 from palomino.wire import frame
 from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
 from palomino.wire.score import ScoreJob, ScoreResult
@@ -36,7 +36,6 @@ from palomino.wire.snapshot import SnapshotHeader
 log = logging.getLogger(__name__)
 State = Literal["waiting", "running", "finished", "failed", "stopped"]
 TICK = 0.5
-SCORES_QUEUE = "palomino.orchestrator.scores"  # durable: results wait across an orchestrator restart
 
 
 @dataclass
@@ -177,7 +176,7 @@ class Orchestrator:
         self.liveness = RedisLiveness(self.settings.redis_url)
         await self.control.listen(self._on_control)
         self.scoring = await ScoreQueue(self.settings.broker_url, namespace).connect()
-        await self.scoring.follow_results(SCORES_QUEUE + (f".{namespace}" if namespace else ""), self._on_score)
+        await self.scoring.follow_results(score_queue_name(namespace, RESULTS_QUEUE), self._on_score)
         self._task = asyncio.create_task(self._supervise())
 
     async def close(self) -> None:
@@ -277,7 +276,12 @@ class Orchestrator:
         """Once every cell of the current layout has reported its result, rank them into result/."""
         if experiment.state == "running" and set(experiment.done) >= set(experiment.cells):
             experiment.state = "finished"  # before the await: a concurrent Done must not write result/ again
-            best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
+            try:
+                best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
+            except (OSError, ValueError) as error:
+                log.exception("experiment %s: the result cannot be written", experiment.id)
+                await self._end(experiment, "failed", f"the result cannot be written: {error}")
+                return
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
             await self._enqueue_scoring(experiment, best)
@@ -373,6 +377,8 @@ class Orchestrator:
         waited = time.monotonic() - experiment.created
         rows, cols = rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols)) if spares else (0, 0)
         enough = rows * cols >= low
+        if config.partitioned:  # every worker gets a cell of some class, at least one per class
+            enough = min(len(spares), high) >= max(low, len(config.data.labels or ()))
         if len(spares) < high and not (waited >= config.distributed.start_timeout and enough):
             if waited >= config.distributed.start_timeout and not enough:
                 await self._end(experiment, "failed", f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; min_cells is {low}")
@@ -386,9 +392,8 @@ class Orchestrator:
                                 f"a partitioned run needs at least one per class ({len(config.data.labels or ())})")
                 return
             rows, cols = experiment.partition.rows, max(g.cols for g in experiment.partition.grids)
-            coords = list(experiment.partition.cells())
         topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
-        coords = coords if config.partitioned else list(topology.cells())
+        coords = list(experiment.partition.cells() if experiment.partition else topology.cells())
         experiment.topology = topology
         experiment.laid_out.update(coords)
         experiment.cells = dict(zip(coords, spares))

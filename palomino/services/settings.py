@@ -14,7 +14,7 @@ class ServiceSettings(BaseSettings):
     orchestrator_url: str = "http://127.0.0.1:8000"
     # Several stacks on one broker (e.g. two `palomino up` at once) keep apart by namespace:
     # each has its own orchestrator queue and score queue. Empty: the shared default names.
-    namespace: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
+    namespace: str = Field("", pattern=r"^[A-Za-z0-9_-]{0,64}$")  # no dots: queue names stay unambiguous
 
     def with_flags(self, **flags: str | None) -> ServiceSettings:
         return self.model_copy(update={k: v for k, v in flags.items() if v})

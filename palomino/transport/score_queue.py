@@ -21,10 +21,11 @@ from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, deco
 log = logging.getLogger(__name__)
 
 SCORE_QUEUE = "palomino.score"
+RESULTS_QUEUE = "palomino.score-results"  # the orchestrator's: results wait there across its restart
 
 
-def score_queue_name(namespace: str = "") -> str:
-    return f"{SCORE_QUEUE}.{namespace}" if namespace else SCORE_QUEUE
+def score_queue_name(namespace: str = "", base: str = SCORE_QUEUE) -> str:
+    return f"{base}.{namespace}" if namespace else base
 JobHandler = Callable[[ScoreJob, bytes], Awaitable[ScoreResult]]
 ResultHandler = Callable[[ScoreResult], Awaitable[None]]
 
@@ -83,12 +84,19 @@ class ScoreQueue:
                 log.exception("scoring job %s crashed; dead-lettering it", job.job)
                 await message.reject(requeue=False)
                 return
-            await self.publish_result(result)
-            await message.ack()
+            try:
+                await self.publish_result(result)
+                await message.ack()
+            except Exception as error:  # never leave it unacked: with prefetch 1 this scorer would starve
+                log.warning("result of job %s not published (%s); the job goes back to the queue", job.job, error)
+                try:
+                    await message.nack(requeue=True)
+                except Exception:  # the channel is gone: RabbitMQ requeues the job itself
+                    pass
 
         await self._queue.consume(on_message)
 
-    async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "*") -> None:
+    async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "#") -> None:
         """Deliver `score` events to `handler` through the durable queue `queue_name` (results wait there)."""
         queue = await self._channel.declare_queue(queue_name, durable=True, arguments=self._arguments)
         await queue.bind(self._events, routing_key=result_key(experiments))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from palomino.errors import SnapshotError, describe_validation
 from palomino.wire import frame
 
 SCORE_JOB_MAX_BYTES = 256 * 1024 * 1024
+EXPERIMENT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
 class ScoreJob(BaseModel):
@@ -22,7 +23,7 @@ class ScoreJob(BaseModel):
     version: Literal[1] = 1
     kind: Literal["score_job"] = "score_job"
     job: str  # unique per (experiment, target, iteration): a redone job overwrites its result
-    experiment: str
+    experiment: str = Field(pattern=EXPERIMENT_ID)
     target: str  # "best", or the cell "r-c" whose neighbourhood mixture this is
     iteration: int | None = None  # None: the final mixture; else a periodic one (scoring.every)
     mixture: dict[str, Any]  # mixture.json
@@ -38,7 +39,7 @@ class ScoreResult(BaseModel):
     version: Literal[1] = 1
     kind: Literal["score"] = "score"
     job: str
-    experiment: str
+    experiment: str = Field(pattern=EXPERIMENT_ID)  # names a folder under runs/: no path tricks
     target: str
     iteration: int | None = None
     scorer: str = ""
