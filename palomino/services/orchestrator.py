@@ -36,6 +36,7 @@ from palomino.wire.snapshot import SnapshotHeader
 log = logging.getLogger(__name__)
 State = Literal["waiting", "running", "finished", "failed", "stopped"]
 TICK = 0.5
+BROKER_CALL_TIMEOUT = 10.0  # seconds for a broker call made under the lock
 
 
 @dataclass
@@ -438,11 +439,12 @@ class Orchestrator:
     async def _newest_published(self, experiment: Experiment, coord: Coord) -> tuple[bytes, int] | None:
         """(body, the iteration it resumes at) of the newest snapshot `coord` published, if any."""
         try:
-            body = await newest_published(self.control.channel, experiment.id, coord)
+            # Bounded: this runs under the orchestrator's lock, and a broker outage must not hold it.
+            body = await asyncio.wait_for(newest_published(self.control.channel, experiment.id, coord), BROKER_CALL_TIMEOUT)
             if body is None:
                 return None
             header = SnapshotHeader.model_validate(frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0])
-        except (PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError) as error:
+        except (PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError, asyncio.TimeoutError) as error:
             log.warning("newest snapshot of %s not readable (%s): the checkpoint will do", coord, error)
             return None
         if header.experiment != experiment.id or tuple(header.cell) != tuple(coord):
@@ -451,8 +453,8 @@ class Orchestrator:
 
     async def _forget_published(self, experiment: Experiment, coord: Coord) -> None:
         try:
-            await forget_published(self.control.channel, experiment.id, coord)
-        except (AMQPError, RuntimeError, ConnectionError) as error:
+            await asyncio.wait_for(forget_published(self.control.channel, experiment.id, coord), BROKER_CALL_TIMEOUT)
+        except (AMQPError, RuntimeError, ConnectionError, asyncio.TimeoutError) as error:
             log.warning("last-value queue of %s not deleted: %s", coord, error)
 
     async def _forget_all_published(self, experiment: Experiment) -> None:

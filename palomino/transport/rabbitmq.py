@@ -43,11 +43,15 @@ def last_value_queue(experiment: str, coord: Coord) -> str:
 
 
 LAST_VALUE_ARGUMENTS = {"x-max-length": 1, "x-expires": 24 * 3600 * 1000}  # drop-head: the newest stays
-LAST_VALUE_REFRESH = 600.0  # seconds; publishes do not count as use for x-expires, a re-declare does
+LAST_VALUE_REFRESH = 60.0  # seconds; publishes do not count as use for x-expires, a re-declare does (and
+# brings the queue back after a broker restart)
 
 
 async def declare_last_value(channel: AbstractChannel, exchange: AbstractExchange, experiment: str, coord: Coord):
-    queue = await channel.declare_queue(last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS)
+    # robust=False: re-declared every LAST_VALUE_REFRESH, it must not pile up in the channel's restore list.
+    queue = await channel.declare_queue(
+        last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS, robust=False
+    )
     await queue.bind(exchange, routing_key(experiment, coord))
     return queue
 
