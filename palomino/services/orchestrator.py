@@ -68,6 +68,9 @@ class Experiment:
     failures: list[dict[str, Any]] = field(default_factory=list)
     laid_out: set[Coord] = field(default_factory=set)  # every coordinate of every layout (their last-value queues)
     partition: Partition | None = None  # a partitioned run's class sub-grids (cell ids of `topology`'s space)
+    # The epoch each coordinate's history began (a shrink gave it another worker): older snapshots
+    # and checkpoints of it are a previous occupant's, never restored.
+    history_since: dict[Coord, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -231,6 +234,8 @@ class Orchestrator:
         if experiment is None:
             return
         if isinstance(message, Checkpoint):  # kept even after a stop or failure: that is when they matter
+            if int(message.meta.get("epoch", 0)) < experiment.history_since.get(Coord(*message.coord), 0):
+                return  # a moved worker's last checkpoint under the coordinate it left
             keep = experiment.config.training.checkpoint_keep
             folder = experiment.run.checkpoint_dir(Coord(*message.coord))
             await asyncio.to_thread(write_checkpoint_bytes, folder, message.iteration, payload, message.meta, keep)
@@ -449,6 +454,8 @@ class Orchestrator:
             return None
         if header.experiment != experiment.id or tuple(header.cell) != tuple(coord):
             return None
+        if header.epoch < experiment.history_since.get(coord, 0):
+            return None  # published by the coordinate's previous occupant
         return body, header.iteration + 1
 
     async def _forget_published(self, experiment: Experiment, coord: Coord) -> None:
@@ -558,6 +565,7 @@ class Orchestrator:
             if experiment.cells.get(coord) != worker:
                 if folder.exists():
                     folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
+                experiment.history_since[coord] = experiment.topology.epoch + 1
                 await self._forget_published(experiment, coord)
         experiment.cells = placed
         experiment.partition = partition
