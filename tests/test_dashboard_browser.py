@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from palomino.services.client import OrchestratorClient
-from palomino.services.local import free_port
+from palomino.services.local import free_port, stop_processes
 
 pytestmark = pytest.mark.slow
 
@@ -82,14 +82,7 @@ class Processes:
         return (self.tmp_path / f"{name}.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        for process in self.running.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.running.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(list(self.running.values()))
 
 
 def wait_http(url: str, what: str, processes: Processes, name: str) -> None:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from palomino.services.client import OrchestratorClient
-from palomino.services.local import free_port
+from palomino.services.local import free_port, stop_processes
 
 pytestmark = pytest.mark.slow
 
@@ -81,14 +81,7 @@ class Stack:
         self.processes[name].wait()
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(list(self.processes.values()))
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from palomino.services.local import stop_processes
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire.score import ScoreJob, ScoreResult
 from conftest import cli_command, cli_env, last_line, palomino, tiny, write_yaml
@@ -83,12 +84,7 @@ def start_scorer(name: str, log: Path) -> subprocess.Popen:
 
 
 def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    stop_processes([process])
 
 
 async def test_a_job_is_scored_and_bad_jobs_do_not_stop_the_scorer(finished_run: Path, tmp_path: Path) -> None:

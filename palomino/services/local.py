@@ -46,7 +46,8 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
         )
 
 
-def _stop(processes: list[subprocess.Popen], grace: float = 15.0) -> None:
+def stop_processes(processes: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """SIGTERM to each (they finish their iteration and checkpoint), SIGKILL to any still there after `grace` s."""
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -150,5 +151,5 @@ def run_up(
                 console.print(f"best mixture: {summarise_scores(best)}", highlight=False)
         return summary
     finally:
-        _stop(workers)
-        _stop([orchestrator])
+        stop_processes(workers)
+        stop_processes([orchestrator])
