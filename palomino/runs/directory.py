@@ -89,7 +89,7 @@ class RunDirectory:
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         with open(path, "a") as handle:
-            handle.write(json.dumps(_finite(record), allow_nan=False, default=_jsonable) + "\n")
+            handle.write(json.dumps(finite_json(record), allow_nan=False, default=_jsonable) + "\n")
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append(self.metrics_path, record)
@@ -129,14 +129,14 @@ class RunDirectory:
         return path
 
 
-def _finite(value: Any) -> Any:
+def finite_json(value: Any) -> Any:
     """JSON has no NaN or infinity: such values are written as null."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 

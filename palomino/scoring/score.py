@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import multiprocessing
 import os
 import time
@@ -27,6 +26,7 @@ from palomino.config import DataConfig
 from palomino.data import Dataset, class_subset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
 from palomino.runs.checkpoints import atomic_write
+from palomino.runs.directory import finite_json
 from palomino.runs.mixture import ClassMixture, Mixture
 from palomino.runs.result import CLASS_MIXTURE
 from palomino.scoring.extractors import FeatureExtractor, build_extractor, scoring_cache_dir
@@ -430,7 +430,7 @@ def score_run(
     periodic = _periodic(run_dir / "scores.json")
     if periodic:  # a distributed run's scores of its cells during training (scoring.every): history, kept
         report["periodic"] = periodic
-    report = _finite(report)
+    report = finite_json(report)
     atomic_write(run_dir / "scores.json", json.dumps(report, indent=2, allow_nan=False).encode())
     return report
 
@@ -442,14 +442,3 @@ def _periodic(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError, AttributeError):
         return None
     return periodic if isinstance(periodic, dict) and periodic else None
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity (a diverged FID): such values become null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value

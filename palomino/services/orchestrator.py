@@ -21,7 +21,7 @@ from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
-from palomino.runs.directory import RunDirectory
+from palomino.runs.directory import RunDirectory, finite_json
 from palomino.runs.result import CellResult, write_result
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
@@ -130,7 +130,6 @@ def record_score(folder: Path, result: ScoreResult) -> None:
     import json
 
     from palomino.runs.checkpoints import atomic_write
-    from palomino.runs.directory import _finite
 
     path = folder / "scores.json"
     try:
@@ -145,7 +144,7 @@ def record_score(folder: Path, result: ScoreResult) -> None:
         scores.setdefault("cells", {})[result.target] = entry
     else:
         scores.setdefault("periodic", {})[f"{result.target}@{result.iteration}"] = {"iteration": result.iteration, **entry}
-    atomic_write(path, json.dumps(_finite(scores), indent=2, allow_nan=False).encode())
+    atomic_write(path, json.dumps(finite_json(scores), indent=2, allow_nan=False).encode())
 
 
 async def preflight(settings: ServiceSettings) -> None:
