@@ -42,9 +42,7 @@ class ScoringOptions(BaseModel):
         a bad value is a ConfigError naming the flag."""
         values: dict[str, Any] = {}
         if config is not None:
-            values.update(
-                config.model_dump(include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True)
-            )
+            values.update(config.job_options())  # what a score job would carry
         values.update({k: v for k, v in flags.items() if v is not None})
         try:
             return cls.model_validate(values)
