@@ -90,7 +90,7 @@ def record(row: int, col: int, iteration: int, rows: int, cols: int, rng: random
         "iteration": iteration, "cell": [row, col], "epoch": 0,
         "generator": {"loss": rng.uniform(0.5, 2), "fitness": rng.uniform(-1, 1), "learning_rate": 2e-4 * rng.uniform(0.9, 1.1)},
         "discriminator": {"loss": rng.uniform(0.5, 2), "fitness": rng.uniform(-1, 1), "learning_rate": 2e-4 * rng.uniform(0.9, 1.1)},
-        "losses_used": {rng.choice(["bce", "mse", "heuristic"]): 20},
+        "losses_used": {rng.choice(["minimax", "mse", "nonsaturating"]): 20},
         "score": rng.uniform(0, 0.5),
         "mixture": dict(zip([f"{row}-{col}", *neighbours], (w / sum(weights) for w in weights))),
         "neighbours": {n: max(0, iteration - rng.randint(0, 1)) for n in neighbours},

@@ -75,7 +75,7 @@ def experiment(model: str, args: argparse.Namespace, *, classes: list[int] | Non
             "iterations": iterations,
             "batch_size": args.batch,
             "batches_per_iteration": max(1, per_cell // iterations),
-            "losses": ["heuristic"],
+            "losses": ["nonsaturating"],
             "learning_rate": args.learning_rate,
             "fitness": {"sample_size": 64},
             "mixture": {"score_samples": 128},

@@ -8,7 +8,7 @@ the target is cell samples/s ≥ 0.9 × plain samples/s.
 What is measured, per network, in one process:
   cell   the whole `Cell.iterate` call of the centre cell of a 3×3 von Neumann grid
          (itself + 4 neighbours, whose snapshots come from 4 other Cells' `snapshot()`),
-         population 1, batch 100, fitness sample size 100, losses [bce], mixture defaults;
+         population 1, batch 100, fitness sample size 100, losses [minimax], mixture defaults;
   plain  the same networks (same builders), the same data tensor and batch size, the same
          number of batches, each: G step (G(z) → D → BCE → backward into G only → Adam)
          then D step (G(z') without grad → D(real), D(fake) → BCE → backward into D only
@@ -85,7 +85,7 @@ def make_config(network: str, batches: int, batch_size: int, device: str) -> Exp
                 "batch_size": batch_size,
                 "batches_per_iteration": batches,
                 "population_size": 1,
-                "losses": ["bce"],
+                "losses": ["minimax"],
                 "fitness": {"sample_size": 100},
             },
             "data": {"name": "mnist", "split": "test"},
@@ -119,7 +119,7 @@ class PlainGAN:
         lr = config.training.learning_rate
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=lr, betas=betas)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=lr, betas=betas)
-        self.loss = get_loss("bce")
+        self.loss = get_loss("minimax")
         self.data = dataset.samples.to(self.device)
         self.batch_size = config.training.batch_size
         self.latent = config.network.latent_dim
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {source}")
     print(
         f"device: {args.device} (torch {torch.__version__}, {torch.get_num_threads()} threads); "
-        f"3×3 grid, von Neumann, population 1, batch 100, fitness 100 samples, losses [bce], "
+        f"3×3 grid, von Neumann, population 1, batch 100, fitness 100 samples, losses [minimax], "
         f"mixture score_samples {make_config('mlp', 1, 100, 'cpu').training.mixture.score_samples}; "
         f"{args.rounds} rounds, alternating plain/cell; clock: {clock}"
     )

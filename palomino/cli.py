@@ -134,7 +134,10 @@ def train(
         stderr.print(f"class mixture of {len(outcome.classes)} classes; best MMD² per class: {per_class}", highlight=False)
         print(run.path)
     elif outcome.finished:
-        stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
+        if outcome.best_cell == "grid":
+            stderr.print(f"result: the whole grid's ensemble, held-out score {outcome.best_score:.4g}", highlight=False)
+        else:
+            stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
         print(run.path)
     else:
         stderr.print(f"stopped; checkpoints written. Continue with: palomino train --resume {run.path}")

@@ -17,7 +17,7 @@ from palomino.data import Dataset, load_dataset
 from palomino.grid import Coord, Topology
 from palomino.wire import Snapshot, decode_snapshot, encode_snapshot
 
-REPORT_FIELDS = {"iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours"}
+REPORT_FIELDS = {"iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours", "steps"}
 
 
 def config(**changes: Any) -> ExperimentConfig:
@@ -64,7 +64,7 @@ def same_report(a: IterationReport, b: IterationReport) -> bool:
 
 
 def test_single_cell_iterates(ring: Dataset) -> None:
-    cfg = config(grid={"rows": 1, "cols": 1}, training={"losses": ["bce", "mse"]})
+    cfg = config(grid={"rows": 1, "cols": 1}, training={"losses": ["minimax", "mse"]})
     cell = make_cell(cfg, ring)
     assert cell.iteration == 0 and cell.snapshot().iteration == -1
     for i in range(3):
@@ -101,7 +101,7 @@ def test_same_seed_same_cell_same_reports(ring: Dataset) -> None:
 
 
 def test_state_restore_round_trip_continues_identically(ring: Dataset) -> None:
-    cfg = config(grid={"rows": 1, "cols": 1}, training={"population_size": 2, "losses": ["bce", "heuristic"]})
+    cfg = config(grid={"rows": 1, "cols": 1}, training={"population_size": 2, "losses": ["minimax", "nonsaturating"]})
     original = make_cell(cfg, ring)
     original.iterate({})
     original.iterate({})
@@ -279,7 +279,7 @@ def test_wgan_gp(ring: Dataset) -> None:
 
 
 def test_mixed_losses(ring: Dataset) -> None:
-    losses = ["bce", "mse", "heuristic", "wgan_gp"]
+    losses = ["minimax", "mse", "nonsaturating", "wgan_gp"]
     cfg = config(grid={"rows": 1, "cols": 2}, training={"losses": losses, "batches_per_iteration": 6})
     records = run_grid(cfg, ring, iterations=3)
     used = set()

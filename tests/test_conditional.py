@@ -81,7 +81,7 @@ def test_conditional_network_needs_labelled_data() -> None:
         build_generator(spec("mlp"), (2,), "points", None)
 
 
-@pytest.mark.parametrize("loss_name", ["bce", "heuristic", "mse", "wgan_gp"])
+@pytest.mark.parametrize("loss_name", ["minimax", "nonsaturating", "mse", "wgan_gp"])
 @pytest.mark.parametrize("name,shape,kind", [SHAPES[0], SHAPES[2]])
 def test_conditional_losses_train_the_embeddings(loss_name: str, name: str, shape: tuple, kind: str) -> None:
     torch.manual_seed(1)
@@ -155,7 +155,7 @@ def test_conditional_wgan_gp_on_dcgan_iterates() -> None:
     cell, _ = conditional_cell(
         data={"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "size": 128},
         network={"name": "dcgan", "width": 4, "latent_dim": 8},
-        training={"losses": ["wgan_gp", "bce"], "batches_per_iteration": 2, "batch_size": 16,
+        training={"losses": ["wgan_gp", "minimax"], "batches_per_iteration": 2, "batch_size": 16,
                   "fitness": {"sample_size": 16}, "mixture": {"score_samples": 16}},
     )  # fmt: skip
     report = cell.iterate({})
@@ -229,7 +229,7 @@ def test_a_conditional_draw_is_classified_as_its_class(tmp_path: Path) -> None:
     assert accuracy > 0.85
     raw = {
         "name": "cgan", "seed": 1, "grid": {"rows": 1, "cols": 1},
-        "training": {"iterations": 24, "batch_size": 64, "batches_per_iteration": 20, "losses": ["heuristic"],
+        "training": {"iterations": 24, "batch_size": 64, "batches_per_iteration": 20, "losses": ["nonsaturating"],
                      "learning_rate": 0.0005, "fitness": {"sample_size": 64}, "mixture": {"score_samples": 64},
                      "checkpoint_every": 0, "sample_every": 0},
         "data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "classes": [0, 1, 4]},

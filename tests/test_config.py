@@ -31,12 +31,12 @@ REQUIRED_KEYS = [
     ("training.population_size", "4", 4),
     ("training.tournament_size", "3", 3),
     ("training.learning_rate", "0.003", 0.003),
-    ("training.losses", "[bce]", ["bce"]),
+    ("training.losses", "[minimax]", ["minimax"]),
     ("training.losses", "[mse]", ["mse"]),
-    ("training.losses", "[heuristic]", ["heuristic"]),
+    ("training.losses", "[nonsaturating]", ["nonsaturating"]),
     ("training.losses", "[wgan_gp]", ["wgan_gp"]),
-    ("training.losses", "[bce,mse]", ["bce", "mse"]),
-    ("training.losses", "[bce, mse, heuristic, wgan_gp]", ["bce", "mse", "heuristic", "wgan_gp"]),
+    ("training.losses", "[minimax,mse]", ["minimax", "mse"]),
+    ("training.losses", "[minimax, mse, nonsaturating, wgan_gp]", ["minimax", "mse", "nonsaturating", "wgan_gp"]),
     ("training.fitness.sample_size", "33", 33),
     ("training.fitness.mode", "average", "average"),
     ("training.fitness.mode", "best", "best"),
@@ -75,7 +75,7 @@ def test_required_key_from_yaml(tmp_path: Path, key: str, text: str, expected: A
 def test_defaults() -> None:
     config = parse_config({})
     assert (config.grid.rows, config.grid.cols, config.grid.neighbourhood) == (3, 3, "von_neumann")
-    assert config.training.losses == ["bce"]
+    assert config.training.losses == ["nonsaturating"]
     assert config.training.tournament_size == 2 and config.training.population_size == 1
     assert config.training.fitness.mode == "average"
     assert config.training.synchronous is False
@@ -87,10 +87,10 @@ def test_overrides_win_over_the_file(tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "c.yaml", tiny())
     config = load_config(
         path,
-        ["training.iterations=11", "training.losses=[bce,mse]", "grid.neighbourhood=moore", "training.mixture.sigma=0.5"],
+        ["training.iterations=11", "training.losses=[minimax,mse]", "grid.neighbourhood=moore", "training.mixture.sigma=0.5"],
     )
     assert config.training.iterations == 11
-    assert config.training.losses == ["bce", "mse"]
+    assert config.training.losses == ["minimax", "mse"]
     assert config.grid.neighbourhood == "moore"
     assert config.training.mixture.sigma == 0.5
     assert config.training.batch_size == tiny()["training"]["batch_size"]  # untouched keys kept
@@ -123,7 +123,7 @@ def test_override_into_a_value_is_an_error() -> None:
         ({"grid": {"rows": 0}}, "grid.rows"),
         ({"grid": {"cols": -2}}, "grid.cols"),
         ({"grid": {"neighbourhood": "hex"}}, "grid.neighbourhood"),
-        ({"training": {"losses": ["bce", "hinge"]}}, "training.losses.1"),
+        ({"training": {"losses": ["minimax", "hinge"]}}, "training.losses.1"),
         ({"training": {"losses": []}}, "training.losses"),
         ({"training": {"fitness": {"mode": "median"}}}, "training.fitness.mode"),
         ({"training": {"mixture": {"sigma": 0}}}, "training.mixture.sigma"),
@@ -163,7 +163,7 @@ def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
 
 
 def test_dump_and_load_round_trip(tmp_path: Path) -> None:
-    config = parse_config(tiny(training={"losses": ["bce", "wgan_gp"], "synchronous": True}, data={"dir": "/x/y"}))
+    config = parse_config(tiny(training={"losses": ["minimax", "wgan_gp"], "synchronous": True}, data={"dir": "/x/y"}))
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(config))
     assert load_config(path) == config
@@ -180,7 +180,7 @@ BAD_CONFIGS = [
     ("not-a-mapping", "- grid\n- training\n", [], "mapping"),
     ("missing-file", None, [], "cannot read"),
     ("bad-set-syntax", "seed: 1\n", ["--set", "training.iterations"], "dotted.key=value"),
-    ("bad-set-value", "seed: 1\n", ["--set", "training.losses=[bce,hinge]"], "training.losses"),
+    ("bad-set-value", "seed: 1\n", ["--set", "training.losses=[minimax,hinge]"], "training.losses"),
     ("bad-set-key", "seed: 1\n", ["--set", "training.itertions=3"], "training.itertions"),
 ]
 

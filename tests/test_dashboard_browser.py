@@ -179,6 +179,8 @@ def test_page_follows_a_running_2x2_experiment(stack: Processes, tmp_path: Path)
         page.wait_for_function("() => document.querySelectorAll('#ranking tbody tr').length === 3", timeout=30_000)
         page.wait_for_function("() => document.querySelector('#result-samples').naturalWidth > 0", timeout=30_000)
         print(f"[browser] finished; ranking rows: {page.eval_on_selector_all('#ranking tbody tr', 'rs => rs.map(r => r.cells[1].textContent)')}")
+        # No scorer in this stack to optimise the grid's ensemble: the result says it is the best cell's mixture.
+        assert page.inner_text("#ensemble") == "result: the best cell's neighbourhood mixture"
 
         # Replay: the slider goes back to an earlier iteration, before the shrink.
         page.eval_on_selector("#iteration", "s => { s.value = 2; s.dispatchEvent(new Event('input')); }")

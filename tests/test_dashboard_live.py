@@ -39,7 +39,7 @@ def record(cell: tuple[int, int], iteration: int, fitness: float) -> dict[str, A
         "iteration": iteration, "cell": list(cell), "epoch": 0,
         "generator": {"loss": 0.7, "fitness": fitness, "learning_rate": 2e-4},
         "discriminator": {"loss": 1.3, "fitness": -fitness, "learning_rate": 2e-4},
-        "losses_used": {"bce": 2}, "score": 0.5, "mixture": {"0-0": 1.0}, "neighbours": {},
+        "losses_used": {"minimax": 2}, "score": 0.5, "mixture": {"0-0": 1.0}, "neighbours": {},
     }  # fmt: skip
 
 

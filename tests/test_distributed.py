@@ -133,6 +133,14 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     scores = json.loads((run_dir / "scores.json").read_text())
     assert set(scores["cells"]) == {"0-0", "0-1", "1-0", "1-1"} and scores["best"]["metrics"]["modes"]["modes"] == 8
     assert "best mixture: modes" in result.stderr
+    # The scorer optimised the whole grid's ensemble; the orchestrator adopted its weights into result/.
+    mixture = json.loads((run_dir / "result/mixture.json").read_text())
+    assert mixture["cell"] == "grid" and mixture["components"] == ["0-0", "0-1", "1-0", "1-1"]
+    assert mixture["weights"] == pytest.approx(mixture["ensemble"]["weights"]) and sum(mixture["weights"]) == pytest.approx(1)
+    assert json.loads((run_dir / "result/ranking.json").read_text())["ensemble"]["cells"] == mixture["components"]
+    sampled = subprocess.run([sys.executable, "-m", "palomino", "sample", str(run_dir), "--n", "50", "--out", str(tmp_path / "s.npy")],
+                             capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
     periodic = {(key.split("@")[0], entry["iteration"]) for key, entry in scores.get("periodic", {}).items()}
     assert {(cell, i) for cell in scores["cells"] for i in (25, 50)} <= periodic, sorted(periodic)
 

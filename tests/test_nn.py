@@ -99,9 +99,9 @@ def test_unknown_network() -> None:
 
 
 def test_loss_registry() -> None:
-    assert set(LOSS_NAMES) == {"bce", "heuristic", "mse", "wgan_gp"}
+    assert set(LOSS_NAMES) == {"minimax", "nonsaturating", "mse", "wgan_gp"}
     assert all(get_loss(n).name == n for n in LOSS_NAMES)
-    with pytest.raises(ConfigError, match="bce, heuristic, mse, wgan_gp"):
+    with pytest.raises(ConfigError, match="minimax, nonsaturating, mse, wgan_gp"):
         get_loss("hinge")
 
 
@@ -110,7 +110,7 @@ ZERO = torch.zeros(4)
 
 @pytest.mark.parametrize(
     ("name", "d_loss", "g_loss"),
-    [("bce", 2 * LN2, -LN2), ("heuristic", 2 * LN2, LN2), ("mse", 0.5, 0.25), ("wgan_gp", 0.0, 0.0)],
+    [("minimax", 2 * LN2, -LN2), ("nonsaturating", 2 * LN2, LN2), ("mse", 0.5, 0.25), ("wgan_gp", 0.0, 0.0)],
 )
 def test_losses_at_zero_logits(name: str, d_loss: float, g_loss: float) -> None:
     loss = get_loss(name)
@@ -126,10 +126,10 @@ def test_losses_at_other_logits() -> None:
     r, f = torch.tensor([2.0, -1.0]), torch.tensor([0.5, 3.0])
     sig = torch.sigmoid
     bce_d = (log1p_exp(-2) + log1p_exp(1)) / 2 + (log1p_exp(0.5) + log1p_exp(3)) / 2
-    assert get_loss("bce").discriminator_from_logits(r, f).item() == pytest.approx(bce_d)
-    assert get_loss("heuristic").discriminator_from_logits(r, f).item() == pytest.approx(bce_d)
-    assert get_loss("bce").generator(f).item() == pytest.approx(-(log1p_exp(0.5) + log1p_exp(3)) / 2)
-    assert get_loss("heuristic").generator(f).item() == pytest.approx((log1p_exp(-0.5) + log1p_exp(-3)) / 2)
+    assert get_loss("minimax").discriminator_from_logits(r, f).item() == pytest.approx(bce_d)
+    assert get_loss("nonsaturating").discriminator_from_logits(r, f).item() == pytest.approx(bce_d)
+    assert get_loss("minimax").generator(f).item() == pytest.approx(-(log1p_exp(0.5) + log1p_exp(3)) / 2)
+    assert get_loss("nonsaturating").generator(f).item() == pytest.approx((log1p_exp(-0.5) + log1p_exp(-3)) / 2)
     mse_d = ((sig(r) - 1) ** 2).mean() + (sig(f) ** 2).mean()
     assert get_loss("mse").discriminator_from_logits(r, f).item() == pytest.approx(mse_d.item())
     assert get_loss("mse").generator(f).item() == pytest.approx(((sig(f) - 1) ** 2).mean().item())

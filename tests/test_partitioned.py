@@ -246,7 +246,7 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
     raw = {
         "name": "partitioned", "seed": 2,
         "grid": {"per_class": "1x2"},
-        "training": {"iterations": 4, "batch_size": 64, "batches_per_iteration": 10, "losses": ["heuristic"],
+        "training": {"iterations": 4, "batch_size": 64, "batches_per_iteration": 10, "losses": ["nonsaturating"],
                      "learning_rate": 0.0005, "fitness": {"sample_size": 64}, "mixture": {"score_samples": 64},
                      "checkpoint_every": 2, "sample_every": 2},
         "data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "partition": "labels", "classes": classes},

@@ -198,7 +198,8 @@ def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tupl
         job="t:1-0", experiment="pmnist", target="1-0", mixture=json.loads((folder / "mixture.json").read_text()),
         data=data.model_dump(mode="json"), options={"classifier": str(classifier), "samples": 300, "cache_dir": str(cache)},
     )  # fmt: skip
-    scored = score_job(job, (folder / "mixture.safetensors").read_bytes())
+    scored, ensemble, png = score_job(job, (folder / "mixture.safetensors").read_bytes())
+    assert ensemble is None and png is None  # no ensemble asked for
     assert scored["class"] == 1 and scored["reference"] == report["cells"]["1-0"]["reference"]
     assert scored["metrics"] == report["cells"]["1-0"]["metrics"]
 

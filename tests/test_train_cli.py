@@ -25,7 +25,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 CELLS = ["0-0", "0-1", "1-0", "1-1"]
 SIDE_FIELDS = {"loss", "fitness", "learning_rate"}
 RECORD_FIELDS = {
-    "iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours", "seconds",
+    "iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours", "seconds", "steps",
 }  # fmt: skip
 
 
@@ -78,7 +78,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     home = tmp_path_factory.mktemp("e2e")
     raw = tiny(training={"iterations": ITERATIONS, "checkpoint_every": 1, "checkpoint_keep": 2, "sample_every": 2})
     config = write_yaml(home / "experiment.yaml", raw)
-    result = palomino("train", config, "--out", home / "runs", "--set", "training.losses=[bce,mse]", "--set", "seed=11", cwd=home)
+    result = palomino("train", config, "--out", home / "runs", "--set", "training.losses=[minimax,mse]", "--set", "seed=11", cwd=home)
     assert result.returncode == 0, result.stderr[-3000:]
     run = Path(last_line(result.stdout))
     if not run.is_absolute():
@@ -98,7 +98,7 @@ def test_run_directory_is_printed_last(finished: tuple[Path, Any]) -> None:
 def test_config_and_topology(finished: tuple[Path, Any]) -> None:
     run, _ = finished
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["training"]["losses"] == ["bce", "mse"]  # the --set override was applied and recorded
+    assert config["training"]["losses"] == ["minimax", "mse"]  # the --set override was applied and recorded
     assert config["seed"] == 11
     assert config["grid"] == {"rows": 2, "cols": 2, "neighbourhood": "von_neumann"}
     assert config["training"]["iterations"] == ITERATIONS
@@ -118,7 +118,7 @@ def test_metrics_records(finished: tuple[Path, Any]) -> None:
         for side in ("generator", "discriminator"):
             assert set(record[side]) == SIDE_FIELDS
             assert all(isinstance(v, float) for v in record[side].values())
-        assert set(record["losses_used"]) <= {"bce", "mse"}
+        assert set(record["losses_used"]) <= {"minimax", "mse"}
         assert sum(record["losses_used"].values()) == 2
         assert isinstance(record["score"], float) and record["score"] >= 0
         assert sum(record["mixture"].values()) == pytest.approx(1.0)
@@ -148,12 +148,21 @@ def test_result(finished: tuple[Path, Any]) -> None:
     assert_finished(run)
     mixture = json.loads((run / "result" / "mixture.json").read_text())
     assert sum(mixture["weights"]) == pytest.approx(1.0) and all(w >= 0 for w in mixture["weights"])
-    assert len(mixture["components"]) == len(mixture["weights"]) == 3
-    assert mixture["cell"] in CELLS and mixture["components"][0] == mixture["cell"]
-    ranking = json.loads((run / "result" / "ranking.json").read_text())["ranking"]
-    assert sorted(r["cell"] for r in ranking) == CELLS
-    scores = [r["score"] for r in ranking]
-    assert scores == sorted(scores) and ranking[0]["cell"] == mixture["cell"]
+    # The result is the whole grid's ensemble: every cell a component, weights optimised on held-out data.
+    assert mixture["cell"] == "grid" and sorted(mixture["components"]) == CELLS
+    assert len(mixture["weights"]) == len(CELLS)
+    ensemble = mixture["ensemble"]
+    assert ensemble["cells"] == mixture["components"] and ensemble["weights"] == pytest.approx(mixture["weights"])
+    assert 0 <= ensemble["held_out_score"] and mixture["score"] == ensemble["held_out_score"]
+    ranking = json.loads((run / "result" / "ranking.json").read_text())
+    assert ranking["ensemble"] == ensemble
+    # Each cell's own neighbourhood mixture is still ranked, for the record.
+    neighbourhoods = ranking["ranking"]
+    assert sorted(r["cell"] for r in neighbourhoods) == CELLS
+    scores = [r["score"] for r in neighbourhoods]
+    assert scores == sorted(scores)
+    for entry in neighbourhoods:
+        assert len(entry["components"]) == 3 and entry["components"][0] == entry["cell"]
     assert (run / "result" / "samples.png").read_bytes().startswith(PNG)
 
 

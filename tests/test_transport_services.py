@@ -22,7 +22,7 @@ REDIS = os.environ.get("PALOMINO_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def snapshot(experiment: str, cell: tuple[int, int], iteration: int, size: int = 4) -> Snapshot:
-    meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="bce")
+    meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="minimax")
     header = SnapshotHeader(experiment=experiment, cell=cell, iteration=iteration, generator=meta, discriminator=meta)
     return Snapshot(header, {"generator.net.w": torch.arange(size, dtype=torch.float32) + iteration})
 

@@ -21,7 +21,7 @@ def make_snapshot(iteration: int = 3) -> Snapshot:
         cell=(1, 2),
         epoch=4,
         iteration=iteration,
-        generator=IndividualMeta(learning_rate=2e-4, fitness=-0.75, loss="heuristic"),
+        generator=IndividualMeta(learning_rate=2e-4, fitness=-0.75, loss="nonsaturating"),
         discriminator=IndividualMeta(learning_rate=1e-4, fitness=1.25, loss="wgan_gp"),
         mixture={"1-2": 0.5, "0-2": 0.25, "1-0": 0.25},
         score=0.0123,

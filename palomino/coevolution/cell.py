@@ -18,9 +18,9 @@ from palomino.coevolution.fitness import aggregate, loss_table
 from palomino.coevolution.individual import Individual, Population, Role, make_adam
 from palomino.coevolution.mixture import MixtureScore, evolve_weights
 from palomino.coevolution.mutation import mutate_learning_rates
-from palomino.coevolution.selection import replace_worst, tournament_select
+from palomino.coevolution.selection import neighbourhood_select, replace
 from palomino.config import ExperimentConfig
-from palomino.data import Dataset, class_subset, label_count
+from palomino.data import Dataset, class_subset, diet, label_count
 from palomino.grid import ClassGrid, Coord, Topology
 from palomino.nn import apply, build_discriminator, build_generator, get_loss
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
@@ -44,6 +44,7 @@ class IterationReport:
     mixture: dict[str, float]
     neighbours: dict[str, int]
     label: int | None = None  # the class of a partitioned run's cell
+    steps: dict[str, int] | None = None  # optimiser steps taken: {"generator": n, "discriminator": m}
 
     def to_json(self) -> dict[str, Any]:
         record = {
@@ -59,6 +60,8 @@ class IterationReport:
         }
         if self.label is not None:
             record["class"] = self.label
+        if self.steps is not None:
+            record["steps"] = self.steps
         return record
 
 
@@ -89,6 +92,9 @@ class Cell:
             )
         if self.label is not None:
             dataset = class_subset(dataset, self.label)
+        if config.training.data_diet < 1:  # data dieting: a share of its own, seeded by the coordinate
+            share_seed = int(cell_seed(config.seed, self.coord).spawn(3)[2].generate_state(1)[0])
+            dataset = diet(dataset, config.training.data_diet, share_seed)
         self.data = dataset.samples.to(self.device)
         self.sample_shape = dataset.sample_shape
         self.kind = dataset.kind
@@ -230,16 +236,10 @@ class Cell:
         for ind, value in zip(all_d, aggregate(d_table, mode, dim=0).tolist()):
             ind.fitness = value
 
-        # Selection over the whole neighbourhood builds the new local populations.
-        size, count = training.tournament_size, training.population_size
-        new_g = [
-            ind.clone()
-            for ind in tournament_select(all_g, [i.fitness for i in all_g], count, size, self.rng)
-        ]
-        new_d = [
-            ind.clone()
-            for ind in tournament_select(all_d, [i.fitness for i in all_d], count, size, self.rng)
-        ]
+        # Selection over the neighbourhood (or, when no one migrates this iteration, the cell
+        # alone) builds the new local populations.
+        new_g = self._select(all_g, len(self.generators))
+        new_d = self._select(all_d, len(self.discriminators))
 
         losses_used, g_losses, d_losses = self._train(new_g, new_d)
 
@@ -252,21 +252,8 @@ class Cell:
             ind.fitness, ind.origin = value, str(self.coord)
         for ind, value in zip(new_d, aggregate(d_new_table, mode, dim=0).tolist()):
             ind.fitness, ind.origin = value, str(self.coord)
-        n = training.replacements
-        self.generators = Population(
-            replace_worst(
-                list(self.generators), [i.fitness for i in self.generators], new_g, [i.fitness for i in new_g], n
-            )
-        )
-        self.discriminators = Population(
-            replace_worst(
-                list(self.discriminators),
-                [i.fitness for i in self.discriminators],
-                new_d,
-                [i.fitness for i in new_d],
-                n,
-            )
-        )
+        self.generators = self._replace(self.generators, new_g)
+        self.discriminators = self._replace(self.discriminators, new_d)
 
         self._evolve_mixture([self.generators.best, *foreign_g], [self.coord, *others])
 
@@ -281,9 +268,38 @@ class Cell:
             mixture=dict(self.mixture_weights),
             neighbours={str(c): neighbours[c].iteration for c in others},
             label=self.label,
+            steps={"generator": len(g_losses), "discriminator": len(d_losses)},
         )
         self.iteration += 1
         return report
+
+    def _select(self, candidates: list[Individual], local: int) -> list[Individual]:
+        """Clones of the tournament's winners; `candidates` holds the `local` individuals first."""
+        training = self.config.training
+        winners = neighbourhood_select(
+            candidates,
+            [ind.fitness for ind in candidates],
+            local,
+            training.population_size,
+            training.tournament_size,
+            self.rng,
+            migration=training.selection.migration,
+            margin=training.selection.margin,
+        )
+        return [ind.clone() for ind in winners]
+
+    def _replace(self, population: Population, trained: list[Individual]) -> Population:
+        training = self.config.training
+        return Population(
+            replace(
+                list(population),
+                [i.fitness for i in population],
+                trained,
+                [i.fitness for i in trained],
+                training.replacements,
+                training.selection.replacement,
+            )
+        )
 
     @staticmethod
     def _summary(best: Individual, losses: list[torch.Tensor]) -> dict[str, float]:

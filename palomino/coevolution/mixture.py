@@ -2,8 +2,9 @@
 
 The score is a kernel MMD² between the weighted mixture and real data, on samples
 drawn once per iteration. Because the samples are fixed, MMD² is a quadratic form
-in the weights: the kernel matrices are computed once and every ES proposal costs
-a few matrix-vector products (common random numbers make the comparison fair).
+in the weights: the kernel matrices are computed once and reduced to their means per
+pair of components (C×C), so every proposal costs a C×C product (common random
+numbers make the comparison fair).
 """
 
 from __future__ import annotations
@@ -29,17 +30,20 @@ def _kernel(d2: torch.Tensor, bandwidths: list[float]) -> torch.Tensor:
 class MixtureScore:
     """MMD²(mixture(w), real) for any weight vector w over the components (lower is better)."""
 
-    k_fake: torch.Tensor  # (C·m, C·m)
-    k_cross_mean: torch.Tensor  # (C·m,) mean kernel value against the real samples
+    k_fake: torch.Tensor  # (C, C): mean kernel value between the samples of components i and j
+    k_cross_mean: torch.Tensor  # (C,) mean kernel value of component c's samples against the real ones
     k_real_mean: float
     components: int
     per_component: int
     bandwidths: tuple[float, ...]
 
     @classmethod
-    def from_samples(cls, fakes: list[torch.Tensor], real: torch.Tensor) -> MixtureScore:
-        """`fakes[c]`: m samples of component c (same m for all); `real`: n real samples."""
-        per_component = fakes[0].shape[0]
+    def from_samples(
+        cls, fakes: list[torch.Tensor], real: torch.Tensor, factors: tuple[float, ...] = _BANDWIDTH_FACTORS
+    ) -> MixtureScore:
+        """`fakes[c]`: m samples of component c (same m for all); `real`: n real samples;
+        `factors`: the kernels' bandwidths as multiples of the median distance."""
+        per_component, count = fakes[0].shape[0], len(fakes)
         x = torch.cat([f.reshape(per_component, -1) for f in fakes]).float()
         y = real.reshape(real.shape[0], -1).float()
         # Distances in float32 (the cost is here), three blocks (real-vs-fake is the transpose of
@@ -49,19 +53,20 @@ class MixtureScore:
         # than the kernels, and a few thousand pin it down.
         pooled = torch.cat([xx.flatten(), xy.flatten(), yy.flatten()])
         median = float(pooled[:: max(1, len(pooled) // 4096)].median().clamp_min(1e-12).sqrt())
-        bandwidths = [median * factor for factor in _BANDWIDTH_FACTORS]
+        bandwidths = [median * factor for factor in factors]
+        blocks = _kernel(xx, bandwidths).reshape(count, per_component, count, per_component).mean(dim=(1, 3))
         return cls(
-            k_fake=_kernel(xx, bandwidths),
-            k_cross_mean=_kernel(xy, bandwidths).mean(dim=1),
+            k_fake=blocks,
+            k_cross_mean=_kernel(xy, bandwidths).reshape(count, per_component, -1).mean(dim=(1, 2)),
             k_real_mean=float(_kernel(yy, bandwidths).mean()),
-            components=len(fakes),
+            components=count,
             per_component=per_component,
             bandwidths=tuple(bandwidths),
         )
 
     def __call__(self, weights: np.ndarray) -> float:
-        a = torch.from_numpy(np.repeat(np.asarray(weights, dtype=np.float64) / self.per_component, self.per_component))
-        value = a @ self.k_fake @ a - 2 * a @ self.k_cross_mean + self.k_real_mean
+        w = torch.from_numpy(np.asarray(weights, dtype=np.float64))
+        value = w @ self.k_fake @ w - 2 * w @ self.k_cross_mean + self.k_real_mean
         return max(float(value), 0.0)
 
 

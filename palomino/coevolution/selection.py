@@ -1,8 +1,9 @@
-"""Tournament selection and replacement over fitness values (lower is better)."""
+"""Tournament selection and replacement over fitness values (lower is better), and the policies
+that decide how much of the neighbourhood a cell lets in (migration, margin, replacement)."""
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from typing import Literal, Sequence, TypeVar
 
 import numpy as np
 
@@ -31,3 +32,48 @@ def replace_worst(local: list[T], local_fitness: Sequence[float], new: list[T], 
     joined = kept + [(new_fitness[i], new[i]) for i in best_new]
     joined.sort(key=lambda pair: pair[0])
     return [item for _, item in joined]
+
+
+def generational(new: list[T], new_fitness: Sequence[float]) -> list[T]:
+    """(μ,λ) replacement: the trained offspring replace the whole local population, best first.
+    Unlike `replace_worst`, no local individual survives for being fit once (Toutouh & Casas 2025)."""
+    order = sorted(range(len(new)), key=lambda i: new_fitness[i])
+    return [new[i] for i in order]
+
+
+def replace(
+    local: list[T],
+    local_fitness: Sequence[float],
+    new: list[T],
+    new_fitness: Sequence[float],
+    n: int,
+    policy: Literal["elitist", "generational"],
+) -> list[T]:
+    """The next local population under `policy` (training.selection.replacement)."""
+    if policy == "generational":
+        return generational(new, new_fitness)
+    return replace_worst(local, local_fitness, new, new_fitness, n)
+
+
+def neighbourhood_select(
+    candidates: Sequence[T],
+    fitness: Sequence[float],
+    local: int,
+    count: int,
+    size: int,
+    rng: np.random.Generator,
+    *,
+    migration: float = 1.0,
+    margin: float = 0.0,
+) -> list[T]:
+    """Tournament winners over a neighbourhood whose first `local` candidates are the cell's own.
+
+    - `migration`: the chance that neighbours enter the tournament at all this time (drawn
+      only when below 1, so runs at the default keep their random stream);
+    - `margin`: a neighbour's fitness counts `margin` worse, so a copy replaces the cell's own
+      lineage only when clearly better, not marginally.
+    """
+    if migration < 1 and rng.random() >= migration:
+        candidates, fitness = candidates[:local], fitness[:local]
+    handicapped = [f + (margin if i >= local else 0.0) for i, f in enumerate(fitness)]
+    return tournament_select(candidates, handicapped, count, size, rng)

@@ -7,7 +7,17 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-LossName = Literal["bce", "mse", "heuristic", "wgan_gp"]
+LossName = Literal["minimax", "nonsaturating", "mse", "wgan_gp"]
+# Old loss names, refused with the new ones: Palomino's "bce" was the saturating game, though
+# Lipizzaner's BCE is the non-saturating one.
+RENAMED_LOSSES = {
+    "bce": "use 'nonsaturating' (what Lipizzaner calls BCE) or 'minimax' (the saturating form 'bce' was here)",
+    "heuristic": "use 'nonsaturating'",
+}
+
+
+def renamed_loss(name: str) -> str:
+    return f"loss {name!r} was renamed: {RENAMED_LOSSES[name]}"
 DataName = Literal["mnist", "fashion_mnist", "cifar10", "image_folder", "gaussian_ring", "gaussian_grid"]
 MetricName = Literal["fid", "is", "kid", "tvd", "modes"]
 # Labels of each dataset whose label count is known without reading it (image_folder: one per
@@ -75,6 +85,32 @@ class MutationConfig(_Strict):
     alpha: float = Field(0.0001, ge=0, description="scale of the Gaussian learning-rate step")
 
 
+class EnsembleConfig(_Strict):
+    """The run's result: a mixture over every cell's generator, optimised after training."""
+
+    scope: Literal["grid", "neighbourhood"] = Field(
+        "grid", description="grid: optimise a mixture over all cells' generators; neighbourhood: the best cell's mixture"
+    )
+    es_steps: int = Field(200, ge=0, le=100_000, description="(1+1)-ES steps on the weights after greedy selection")
+    sigma: float = Field(0.02, gt=0, description="std of the ES's Gaussian step on the weights")
+    samples: int = Field(0, ge=0, le=100_000, description="generated samples per cell; 0 = about 5,000 points or 2,000 images in all")
+
+
+class SelectionConfig(_Strict):
+    """How neighbours' individuals enter a cell (see docs/engine.md, 'Diversity')."""
+
+    migration: float = Field(
+        1.0, ge=0, le=1, description="chance per iteration that neighbours take part in the tournament (1 = always, Lipizzaner)"
+    )
+    margin: float = Field(
+        0.0, ge=0, description="a neighbour's individual must be fitter than the local one by more than this to win"
+    )
+    replacement: Literal["elitist", "generational"] = Field(
+        "elitist",
+        description="elitist: the worst local individuals give way to the best trained ones; generational: the trained ones replace all",
+    )
+
+
 class TrainingConfig(_Strict):
     iterations: int = Field(50, ge=1)
     batch_size: int = Field(100, ge=1)
@@ -84,16 +120,29 @@ class TrainingConfig(_Strict):
     replacements: int = Field(1, ge=0, description="worst local individuals replaced by the best new ones")
     learning_rate: float = Field(0.0002, gt=0)
     adam_betas: tuple[float, float] = (0.5, 0.999)
-    losses: list[LossName] = Field(default_factory=lambda: ["bce"], min_length=1)
+    losses: list[LossName] = Field(default_factory=lambda: ["nonsaturating"], min_length=1)
     n_critic: int = Field(5, ge=1, description="discriminator steps per generator step with wgan_gp")
     discriminator_skip_each_nth_step: int = Field(0, ge=0)
+    data_diet: float = Field(
+        1.0, gt=0, le=1, description="share of the data each cell trains on, its own random subset (Toutouh et al. 2020)"
+    )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     mutation: MutationConfig = Field(default_factory=MutationConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
     checkpoint_every: int = Field(10, ge=0, description="0 = only at the end")
     checkpoint_keep: int = Field(3, ge=1)
     sample_every: int = Field(10, ge=0, description="0 = only at the end")
     synchronous: bool = False
+
+    @field_validator("losses", mode="before")
+    @classmethod
+    def _renamed(cls, value: Any) -> Any:
+        for name in value if isinstance(value, list) else []:
+            if name in RENAMED_LOSSES:
+                raise ValueError(renamed_loss(name))
+        return value
 
     @model_validator(mode="after")
     def _tournament_fits(self) -> TrainingConfig:
@@ -154,7 +203,10 @@ class NetworkConfig(_QuietNewKeys):
     width: int = Field(64, ge=1)
     conditional: bool = Field(False, description="label embedding joined to z and to D's input (a CGAN)")
     label_dim: int = Field(16, ge=1, description="size of a conditional network's label embedding")
-    _quiet: ClassVar[tuple[str, ...]] = ("conditional", "label_dim")
+    activation: Literal["auto", "leaky_relu", "tanh", "relu"] = Field(
+        "auto", description="mlp hidden layers; auto: tanh for 2-D points, leaky_relu for images"
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("conditional", "label_dim", "activation")
 
 
 class DistributedConfig(_Strict):
@@ -233,6 +285,12 @@ class ExperimentConfig(_Strict):
     @property
     def partitioned(self) -> bool:
         return self.data.partition == "labels"
+
+    @property
+    def grid_ensemble(self) -> bool:
+        """Whether the result is the whole grid's ensemble (palomino.runs.ensemble): training.ensemble.scope
+        grid, except where one mixture cannot hold every cell — conditional and partitioned runs."""
+        return self.training.ensemble.scope == "grid" and not self.network.conditional and not self.partitioned
 
     @property
     def cells(self) -> int:

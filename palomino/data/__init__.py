@@ -10,7 +10,7 @@ import copy as _copy
 from typing import Any, Callable
 
 from palomino.data.cifar import load_cifar10
-from palomino.data.classes import class_counts, class_priors, class_subset, label_count, select_classes
+from palomino.data.classes import class_counts, class_priors, class_subset, diet, label_count, select_classes
 from palomino.data.dataset import Dataset
 from palomino.data.folder import load_folder
 from palomino.data.idx import load_idx, read_idx
@@ -59,6 +59,7 @@ __all__ = [
     "class_counts",
     "class_priors",
     "class_subset",
+    "diet",
     "label_count",
     "load_dataset",
     "read_idx",

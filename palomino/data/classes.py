@@ -75,3 +75,12 @@ def _labels(dataset: Dataset, purpose: str) -> torch.Tensor:
     if dataset.labels is None:
         raise DatasetError(f"{dataset.name} has no labels, which {purpose} needs")
     return dataset.labels
+
+
+def diet(dataset: Dataset, share: float, seed: int) -> Dataset:
+    """A random `share` of the samples (at least one): a cell's own subset under data dieting."""
+    keep = max(1, round(len(dataset) * share))
+    g = torch.Generator().manual_seed(seed)
+    index = torch.randperm(len(dataset), generator=g)[:keep].sort().values
+    labels = None if dataset.labels is None else dataset.labels[index]
+    return dataclasses.replace(dataset, samples=dataset.samples[index], labels=labels)

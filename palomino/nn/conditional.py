@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from palomino.nn.dcgan import DCGANDiscriminator, DCGANGenerator
-from palomino.nn.mlp import MLPDiscriminator, MLPGenerator
+from palomino.nn.mlp import Activation, MLPDiscriminator, MLPGenerator
 
 
 def is_conditional(network: nn.Module) -> bool:
@@ -37,12 +37,22 @@ class ConditionalMLPGenerator(nn.Module):
 
     conditional = True
 
-    def __init__(self, latent_dim: int, hidden: int, sample_shape: tuple[int, ...], *, tanh: bool, label_count: int, label_dim: int):
+    def __init__(
+        self,
+        latent_dim: int,
+        hidden: int,
+        sample_shape: tuple[int, ...],
+        *,
+        tanh: bool,
+        label_count: int,
+        label_dim: int,
+        activation: Activation = "leaky_relu",
+    ):
         super().__init__()
         self.latent_dim, self.label_count = latent_dim, label_count
         self.sample_shape = tuple(sample_shape)
         self.embed = nn.Embedding(label_count, label_dim)
-        self.body = MLPGenerator(latent_dim + label_dim, hidden, sample_shape, tanh=tanh)
+        self.body = MLPGenerator(latent_dim + label_dim, hidden, sample_shape, tanh=tanh, activation=activation)
 
     def forward(self, z: Tensor, labels: Tensor) -> Tensor:
         return self.body(torch.cat([z, self.embed(labels)], dim=1))
@@ -53,11 +63,13 @@ class ConditionalMLPDiscriminator(nn.Module):
 
     conditional = True
 
-    def __init__(self, hidden: int, sample_shape: tuple[int, ...], *, label_count: int, label_dim: int):
+    def __init__(
+        self, hidden: int, sample_shape: tuple[int, ...], *, label_count: int, label_dim: int, activation: Activation = "leaky_relu"
+    ):
         super().__init__()
         self.sample_shape, self.label_count = tuple(sample_shape), label_count
         self.embed = nn.Embedding(label_count, label_dim)
-        self.body = MLPDiscriminator(hidden, (math.prod(sample_shape) + label_dim,))
+        self.body = MLPDiscriminator(hidden, (math.prod(sample_shape) + label_dim,), activation=activation)
 
     def forward(self, x: Tensor, labels: Tensor) -> Tensor:
         return self.body(torch.cat([x.flatten(1), self.embed(labels)], dim=1))

@@ -14,7 +14,7 @@ from palomino.nn.conditional import (
     ConditionalMLPGenerator,
 )
 from palomino.nn.dcgan import SIZES, DCGANDiscriminator, DCGANGenerator
-from palomino.nn.mlp import MLPDiscriminator, MLPGenerator
+from palomino.nn.mlp import Activation, MLPDiscriminator, MLPGenerator
 
 NETWORK_NAMES = ("mlp", "dcgan", "sngan")
 Kind = Literal["points", "image"]
@@ -23,7 +23,7 @@ Kind = Literal["points", "image"]
 class NetworkSpec(Protocol):
     """What the builders read (config.models.NetworkConfig, or any object with these).
 
-    Optional: `conditional` (default False) and `label_dim` (default 16).
+    Optional: `conditional` (default False), `label_dim` (default 16) and `activation` (default auto).
     """
 
     name: str
@@ -39,9 +39,12 @@ def build_generator(
     (`network.conditional`) maps (z, labels in [0, label_count)). Init draws from torch's global RNG only."""
     labels = _label_args(network, label_count)
     if network.name == "mlp":
+        act = mlp_activation(network, kind)
         if labels:
-            return ConditionalMLPGenerator(network.latent_dim, network.hidden, sample_shape, tanh=kind == "image", **labels)
-        return MLPGenerator(network.latent_dim, network.hidden, sample_shape, tanh=kind == "image")
+            return ConditionalMLPGenerator(
+                network.latent_dim, network.hidden, sample_shape, tanh=kind == "image", activation=act, **labels
+            )
+        return MLPGenerator(network.latent_dim, network.hidden, sample_shape, tanh=kind == "image", activation=act)
     channels, size = _conv_image(network, sample_shape, kind)
     if labels:
         return ConditionalDCGANGenerator(network.latent_dim, network.width, channels, size, **labels)
@@ -54,14 +57,23 @@ def build_discriminator(
     """Discriminator mapping samples (B, *sample_shape) (and labels, if conditional) to raw logits (B,)."""
     labels = _label_args(network, label_count)
     if network.name == "mlp":
+        act = mlp_activation(network, kind)
         if labels:
-            return ConditionalMLPDiscriminator(network.hidden, sample_shape, **labels)
-        return MLPDiscriminator(network.hidden, sample_shape)
+            return ConditionalMLPDiscriminator(network.hidden, sample_shape, activation=act, **labels)
+        return MLPDiscriminator(network.hidden, sample_shape, activation=act)
     channels, size = _conv_image(network, sample_shape, kind)
     spectral = network.name == "sngan"
     if labels:
         return ConditionalDCGANDiscriminator(network.width, channels, size, spectral=spectral, label_count=labels["label_count"])
     return DCGANDiscriminator(network.width, channels, size, spectral=spectral)
+
+
+def mlp_activation(network: NetworkSpec, kind: Kind) -> Activation:
+    """`network.activation`, `auto` resolved: Tanh for 2-D points, LeakyReLU(0.2) for images (Lipizzaner's choices)."""
+    name = getattr(network, "activation", "auto")
+    if name == "auto":
+        return "tanh" if kind == "points" else "leaky_relu"
+    return name
 
 
 def _label_args(network: NetworkSpec, label_count: int | None) -> dict[str, int]:

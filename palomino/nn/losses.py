@@ -1,4 +1,7 @@
-"""GAN losses on raw discriminator logits: Lipizzaner's BCE and MSE, Mustangs' heuristic, WGAN-GP.
+"""GAN losses on raw discriminator logits: minimax and non-saturating BCE, least squares, WGAN-GP.
+
+Names say what the generator optimises. Lipizzaner's "BCE" is the non-saturating form
+(`nonsaturating`); Goodfellow's original saturating game is `minimax`.
 
 Networks output logits; the sigmoid lives here (softplus forms are the numerically stable
 BCE: −log σ(x) = softplus(−x), −log(1 − σ(x)) = softplus(x)). Every loss is minimised.
@@ -12,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from palomino.config.models import RENAMED_LOSSES, renamed_loss
 from palomino.errors import ConfigError
 
 
@@ -57,10 +61,10 @@ class GanLoss:
         return loss
 
 
-class BCELoss(GanLoss):
+class MinimaxLoss(GanLoss):
     """Goodfellow's minimax game: G minimises E[log(1 − D(G(z)))], which saturates early on."""
 
-    name = "bce"
+    name = "minimax"
 
     def generator(self, d_fake: Tensor) -> Tensor:
         return -F.softplus(d_fake).mean()
@@ -69,10 +73,11 @@ class BCELoss(GanLoss):
         return F.softplus(-d_real).mean() + F.softplus(d_fake).mean()
 
 
-class HeuristicLoss(BCELoss):
-    """Non-saturating: G maximises log D(G(z)) instead, i.e. BCE against the 'real' label."""
+class NonSaturatingLoss(MinimaxLoss):
+    """Non-saturating: G maximises log D(G(z)) instead, i.e. BCE against the 'real' label
+    (what Lipizzaner and Mustangs call BCE)."""
 
-    name = "heuristic"
+    name = "nonsaturating"
 
     def generator(self, d_fake: Tensor) -> Tensor:
         return F.softplus(-d_fake).mean()
@@ -118,7 +123,7 @@ def gradient_penalty(
     return (grad.flatten(1).norm(2, dim=1) - 1).square().mean()
 
 
-_LOSSES: dict[str, GanLoss] = {loss.name: loss for loss in (BCELoss(), HeuristicLoss(), MSELoss(), WGANGPLoss())}
+_LOSSES: dict[str, GanLoss] = {loss.name: loss for loss in (MinimaxLoss(), NonSaturatingLoss(), MSELoss(), WGANGPLoss())}
 LOSS_NAMES: tuple[str, ...] = tuple(_LOSSES)
 
 
@@ -127,4 +132,6 @@ def get_loss(name: str) -> GanLoss:
     try:
         return _LOSSES[name]
     except KeyError:
+        if name in RENAMED_LOSSES:
+            raise ConfigError(renamed_loss(name)) from None
         raise ConfigError(f"unknown loss {name!r}; choose one of {', '.join(LOSS_NAMES)}") from None

@@ -3,26 +3,43 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from torch import Tensor, nn
+
+Activation = Literal["leaky_relu", "tanh", "relu"]
+
+
+def hidden_activation(name: Activation) -> nn.Module:
+    """The hidden layers' non-linearity. Lipizzaner's ring networks use Tanh and its MNIST
+    perceptron LeakyReLU(0.2); on the 2-D toys LeakyReLU lets one lineage collapse onto a
+    few modes (benchmarks/quality.py), so `network.activation: auto` picks by data kind."""
+    if name == "tanh":
+        return nn.Tanh()
+    if name == "relu":
+        return nn.ReLU()
+    if name == "leaky_relu":
+        return nn.LeakyReLU(0.2)
+    raise ValueError(f"unknown activation {name!r}: use leaky_relu, tanh or relu")
 
 
 class MLPGenerator(nn.Module):
     """latent → hidden → hidden → prod(sample_shape), reshaped to (B, *sample_shape).
 
-    Lipizzaner's FourLayerPerceptronFactory: LeakyReLU(0.2) hidden activations, Tanh output
-    for images (data in [-1, 1]); toys take a linear output (points are not bounded).
+    Tanh output for images (data in [-1, 1]); toys take a linear output (points are not bounded).
     """
 
-    def __init__(self, latent_dim: int, hidden: int, sample_shape: tuple[int, ...], *, tanh: bool):
+    def __init__(
+        self, latent_dim: int, hidden: int, sample_shape: tuple[int, ...], *, tanh: bool, activation: Activation = "leaky_relu"
+    ):
         super().__init__()
         self.latent_dim = latent_dim
         self.sample_shape = tuple(sample_shape)
         self.net = nn.Sequential(
             nn.Linear(latent_dim, hidden),
-            nn.LeakyReLU(0.2),
+            hidden_activation(activation),
             nn.Linear(hidden, hidden),
-            nn.LeakyReLU(0.2),
+            hidden_activation(activation),
             nn.Linear(hidden, math.prod(sample_shape)),
             nn.Tanh() if tanh else nn.Identity(),
         )
@@ -34,14 +51,14 @@ class MLPGenerator(nn.Module):
 class MLPDiscriminator(nn.Module):
     """prod(sample_shape) → hidden → hidden → 1 logit (Lipizzaner's Sigmoid lives in the losses)."""
 
-    def __init__(self, hidden: int, sample_shape: tuple[int, ...]):
+    def __init__(self, hidden: int, sample_shape: tuple[int, ...], *, activation: Activation = "leaky_relu"):
         super().__init__()
         self.sample_shape = tuple(sample_shape)
         self.net = nn.Sequential(
             nn.Linear(math.prod(sample_shape), hidden),
-            nn.LeakyReLU(0.2),
+            hidden_activation(activation),
             nn.Linear(hidden, hidden),
-            nn.LeakyReLU(0.2),
+            hidden_activation(activation),
             nn.Linear(hidden, 1),
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,7 +22,7 @@ from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
 from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings, run_cell
-from palomino.runs.result import cell_result, write_class_result, write_result
+from palomino.runs.result import cell_result, ensemble_result, write_class_result, write_result
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,18 @@ def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | C
     assert config.data.labels is not None
     partition = partition_grid(config.data.labels, config.grid.per_class_shape, kind)
     return Topology(partition.rows, partition.cols, kind), {coord: partition.grid_of(coord) for coord in partition.cells()}
+
+
+def parallel_cells(config: ExperimentConfig, cells: int) -> int:
+    """How many cells iterate at once. On the CPU, one per core with one torch thread each: a
+    small network's ops are too short for torch's threads to help, while cells in threads run
+    side by side (torch releases the GIL inside ops). On a GPU, one at a time."""
+    if config.device != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = max(1, min(cores, cells))
+    torch.set_num_threads(max(1, cores // workers))
+    return workers
 
 
 def restore_cells(run: RunDirectory, cells: list[Cell], synchronous: bool) -> None:
@@ -110,33 +123,36 @@ async def train_embedded(
     bus, liveness = InMemorySnapshotBus(), InMemoryLiveness()
     recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
     training = config.training
-    # One iteration computes at a time: torch already uses every core inside each op.
-    gate = asyncio.Semaphore(1)
+    threads = torch.get_num_threads()
+    gate = asyncio.Semaphore(parallel_cells(config, len(cells)))
 
     async def compute(fn, *args):
         async with gate:
             return await asyncio.to_thread(fn, *args)
 
-    await asyncio.gather(
-        *(
-            run_cell(
-                cell,
-                bus,
-                liveness,
-                recorder,
-                LoopSettings(
-                    iterations=training.iterations,
-                    synchronous=training.synchronous,
-                    worker=f"embedded-{cell.coord}",
-                    sample_every=training.sample_every,
-                    checkpoint_every=training.checkpoint_every,
-                ),
-                stop,
-                compute,
+    try:
+        await asyncio.gather(
+            *(
+                run_cell(
+                    cell,
+                    bus,
+                    liveness,
+                    recorder,
+                    LoopSettings(
+                        iterations=training.iterations,
+                        synchronous=training.synchronous,
+                        worker=f"embedded-{cell.coord}",
+                        sample_every=training.sample_every,
+                        checkpoint_every=training.checkpoint_every,
+                    ),
+                    stop,
+                    compute,
+                )
+                for cell in cells
             )
-            for cell in cells
         )
-    )
+    finally:
+        torch.set_num_threads(threads)  # the process's setting, as the caller had it
     if any(cell.iteration < training.iterations for cell in cells):
         return TrainOutcome(finished=False)
     snapshots = {c.coord: await bus.newest(c.coord) for c in cells}
@@ -145,5 +161,8 @@ async def train_embedded(
         per_class = write_class_result(run, results, list(config.data.labels or ()))
         classes = {label: (r.cell, r.score) for label, r in per_class.items()}
         return TrainOutcome(finished=True, classes=classes)
-    best = write_result(run, results)
+    ensemble = None
+    if config.grid_ensemble:
+        ensemble = await asyncio.to_thread(ensemble_result, cells, dataset, run.experiment)
+    best = write_result(run, results, ensemble)
     return TrainOutcome(finished=True, best_cell=best.cell, best_score=best.score)

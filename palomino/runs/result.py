@@ -77,6 +77,42 @@ def neighbourhood_mixture(
     )
 
 
+def ensemble_result(cells: list[Cell], dataset: Dataset, experiment: str) -> CellResult:
+    """The whole grid's ensemble (palomino.runs.ensemble) as result/ holds it: every cell's generator
+    (those it does not use at weight 0); mixture.json's "ensemble" says how it was chosen and scored."""
+    from palomino.runs.ensemble import grid_ensemble
+    from palomino.runs.images import picture_of, png_bytes
+    from palomino.runs.mixture import Mixture
+
+    config = cells[0].config
+    cells = sorted(cells, key=lambda c: str(c.coord))  # the order grid_components gives a distributed run
+    grid = grid_ensemble(
+        [c.generators.best.network for c in cells], [str(c.coord) for c in cells], dataset, config, cells[0].device
+    )
+    mixture = Mixture(
+        generators=grid.generators,
+        weights=grid.ensemble.weights,
+        components=grid.cells,
+        network=config.network,
+        sample_shape=dataset.sample_shape,
+        kind=dataset.kind,
+        info={
+            "cell": "grid",
+            "data": config.data.name,
+            "experiment": experiment,
+            "iteration": min(c.iteration for c in cells),
+            "score": grid.ensemble.held_out_score,
+            "score_name": grid.score_name,
+            "ensemble": grid.summary(),
+        },
+    )
+    payload, description = mixture.encode()
+    n = 64 if dataset.kind == "image" else 2500
+    png = png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
+    weights = [float(w) for w in mixture.weights]
+    return CellResult("grid", grid.ensemble.held_out_score, mixture.components, weights, payload, description, png)
+
+
 def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str) -> CellResult:
     """A cell's final neighbourhood mixture, scored, with a picture of its samples."""
     from palomino.runs.images import picture_of, png_bytes
@@ -91,26 +127,73 @@ def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Datase
     return CellResult(str(cell.coord), score, mixture.components, [float(w) for w in mixture.weights], payload, description, png)
 
 
-def write_result(run: RunDirectory, results: list[CellResult]) -> CellResult:
-    """Rank the cells' mixtures; the best becomes result/mixture.* and result/samples.png.
+def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellResult | None = None) -> CellResult:
+    """Rank the cells' neighbourhood mixtures into result/cells/ and ranking.json; result/mixture.*
+    and samples.png hold `ensemble` (the whole grid's, see palomino.runs.ensemble) when given,
+    else the best neighbourhood mixture. Returns what result/ holds.
 
     A partitioned run's results (their mixtures carry a "class") go to `write_class_result`;
     the best-scoring class's best is returned then."""
     if any("class" in r.description for r in results):
         return min(write_class_result(run, results).values(), key=lambda r: r.score)
     ranked = sorted(results, key=lambda r: r.score)
-    best = ranked[0]
-    save_encoded(run.result_dir, best.payload, best.description)
+    chosen = ensemble or ranked[0]
+    save_encoded(run.result_dir, chosen.payload, chosen.description)
     for result in ranked:  # every neighbourhood mixture, for the scorer and the dashboard
         save_encoded(run.result_dir / "cells" / result.cell, result.payload, result.description)
-    ranking = [{"cell": r.cell, "score": r.score, "components": r.components, "weights": r.weights} for r in ranked]
-    atomic_write(
-        run.result_dir / "ranking.json",
-        json.dumps({"score": "mmd2 (lower is better)", "ranking": ranking}, indent=2).encode(),
-    )
-    if best.samples_png:
-        atomic_write(run.result_dir / "samples.png", best.samples_png)
-    return best
+    ranking: dict[str, Any] = {
+        "score": "mmd2 (lower is better)",
+        "ranking": [{"cell": r.cell, "score": r.score, "components": r.components, "weights": r.weights} for r in ranked],
+    }
+    if ensemble is not None:
+        ranking["ensemble"] = ensemble.description.get("ensemble", {})
+    atomic_write(run.result_dir / "ranking.json", json.dumps(ranking, indent=2).encode())
+    if chosen.samples_png:
+        atomic_write(run.result_dir / "samples.png", chosen.samples_png)
+    return chosen
+
+
+def grid_components(results: list[CellResult], experiment: str) -> tuple[bytes, dict[str, Any]]:
+    """Every cell's own generator, cut out of its neighbourhood mixture, as one equal-weight mixture
+    (safetensors bytes, mixture.json): what a distributed run's scorer optimises into the grid's
+    ensemble. Torch-free (safetensors' numpy side), for the orchestrator."""
+    from safetensors.numpy import load, save
+
+    ordered = sorted(results, key=lambda r: r.cell)
+    tensors = {}
+    for i, result in enumerate(ordered):
+        prefix = f"component.{result.components.index(result.cell)}."
+        own = {k[len(prefix) :]: v for k, v in load(result.payload).items() if k.startswith(prefix)}
+        if not own:
+            raise ValueError(f"cell {result.cell}'s mixture holds no generator of its own")
+        tensors.update({f"component.{i}.{k}": v for k, v in own.items()})
+    first = ordered[0].description
+    description = {
+        "weights": [1.0 / len(ordered)] * len(ordered),
+        "components": [r.cell for r in ordered],
+        **{key: first[key] for key in ("network", "sample_shape", "kind", "data") if key in first},
+        "cell": "grid",
+        "experiment": experiment,
+        "iteration": min(int(r.description.get("iteration", 0)) for r in ordered),
+    }
+    return save(tensors), description
+
+
+def write_ensemble(run: RunDirectory, payload: bytes, description: dict[str, Any], summary: dict[str, Any], png: bytes) -> None:
+    """result/ becomes the grid's ensemble: `description` with the optimised weights of `summary`."""
+    description = {
+        **description,
+        "weights": summary["weights"],
+        "score": summary["held_out_score"],
+        "score_name": summary["score_name"],
+        "ensemble": summary,
+    }
+    save_encoded(run.result_dir, payload, description)
+    ranking_path = run.result_dir / "ranking.json"
+    ranking = json.loads(ranking_path.read_text()) if ranking_path.exists() else {}
+    atomic_write(ranking_path, json.dumps({**ranking, "ensemble": summary}, indent=2).encode())
+    if png:
+        atomic_write(run.result_dir / "samples.png", png)
 
 
 def write_class_result(run: RunDirectory, results: list[CellResult], labels: list[int] | None = None) -> dict[int, CellResult]:

@@ -9,6 +9,7 @@ missing, a classifier that is not there) gets a result with the error, and is ac
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import socket
@@ -24,8 +25,9 @@ from palomino.wire.score import ScoreJob, ScoreResult
 log = logging.getLogger(__name__)
 
 
-def score_job(job: ScoreJob, payload: bytes) -> dict:
-    """The job's scores (torch; runs in a worker thread). Raises PalominoError/ValueError on bad input."""
+def score_job(job: ScoreJob, payload: bytes) -> tuple[dict, dict | None, bytes | None]:
+    """(the job's scores, an ensemble job's summary, its samples' PNG). Torch; runs in a worker
+    thread. Raises PalominoError/ValueError on bad input."""
     from palomino.config import DataConfig
     from palomino.runs.mixture import Mixture
     from palomino.runs.result import save_encoded
@@ -36,7 +38,28 @@ def score_job(job: ScoreJob, payload: bytes) -> dict:
     with tempfile.TemporaryDirectory(prefix="palomino-score-") as folder:
         save_encoded(Path(folder), payload, job.mixture)
         mixture = Mixture.load(Path(folder))
-    return score_mixture(mixture, data, options, data_seed=job.data_seed)
+    summary, png = None, None
+    if job.ensemble is not None:
+        summary, png = optimise_job_mixture(mixture, data, job)
+    return score_mixture(mixture, data, options, data_seed=job.data_seed), summary, png
+
+
+def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
+    """The whole grid's ensemble of a distributed run: weights optimised here, where torch and data are."""
+    from palomino.config import ExperimentConfig
+    from palomino.data import load_dataset
+    from palomino.errors import PalominoError
+    from palomino.runs.ensemble import grid_ensemble
+    from palomino.runs.images import picture_of, png_bytes
+
+    if mixture.conditional:
+        raise PalominoError("a conditional run's generators are not ensembled over the grid")
+    config = ExperimentConfig.model_validate(job.ensemble)
+    dataset = load_dataset(data, job.data_seed)
+    grid = grid_ensemble(mixture.generators, mixture.components, dataset, config)
+    mixture.weights = grid.ensemble.weights
+    n = 64 if dataset.kind == "image" else 2500
+    return grid.summary(), png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
 
 
 class Scorer:
@@ -54,7 +77,8 @@ class Scorer:
         started = time.monotonic()
         result = ScoreResult(job=job.job, experiment=job.experiment, target=job.target, iteration=job.iteration, scorer=self.name)
         try:
-            result.scores = await asyncio.to_thread(score_job, job, payload)
+            result.scores, result.ensemble, png = await asyncio.to_thread(score_job, job, payload)
+            result.samples_png = base64.b64encode(png).decode() if png else None
         except PalominoError as error:
             log.warning("job %s cannot be scored: %s", job.job, error)
             result.error = str(error)

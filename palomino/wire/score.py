@@ -30,6 +30,9 @@ class ScoreJob(BaseModel):
     data: dict[str, Any]  # the experiment's DataConfig
     data_seed: int = 0  # the experiment's seed: the toys and data.size subsets are drawn with it
     options: dict[str, Any] = {}  # ScoringOptions
+    # The experiment's config (ExperimentConfig as JSON) when the scorer is to optimise the mixture's
+    # weights first: the whole grid's ensemble of a distributed run (palomino.runs.ensemble).
+    ensemble: dict[str, Any] | None = None
 
 
 class ScoreResult(BaseModel):
@@ -45,6 +48,8 @@ class ScoreResult(BaseModel):
     scorer: str = ""
     scores: dict[str, Any] = {}
     error: str | None = None
+    ensemble: dict[str, Any] | None = None  # an ensemble job's summary: the optimised weights, its scores
+    samples_png: str | None = Field(None, max_length=8 * 1024 * 1024)  # base64: an ensemble's picture
 
 
 def encode_job(job: ScoreJob, payload: bytes) -> bytes:

@@ -679,7 +679,8 @@ async function showResult(exp) {
   const targets = result.scores?.targets || {};
   for (const [target, entry] of Object.entries(targets)) exp.targetScores[target] = entry;
   const scored = Object.keys(targets).length > 0;
-  $("best-scores").textContent = targets.best ? "best mixture, scorer: " + scoreText(targets.best) : "";
+  $("best-scores").textContent = targets.best ? "result, scorer: " + scoreText(targets.best) : "";
+  $("ensemble").textContent = ensembleText(result.ranking.ensemble);
   const rows = (result.ranking.ranking || []).map((entry, i) => {
     const tr = document.createElement("tr");
     const weights = (entry.components || []).map((c, k) => `${c}: ${fmt(entry.weights?.[k])}`).join(", ");
@@ -699,6 +700,18 @@ async function showResult(exp) {
   if (scored && head.cells.length === 4) head.insertCell().outerHTML = "<th>scorer</th>";
   $("scores-box").hidden = !result.scores;
   $("scores").textContent = result.scores ? JSON.stringify(result.scores, null, 2) : "";
+}
+
+// The whole grid's ensemble: which cells it uses, with what weight, and its held-out score.
+function ensembleText(ensemble) {
+  if (!ensemble || !ensemble.cells) return "result: the best cell's neighbourhood mixture";
+  const used = ensemble.cells
+    .map((cell, i) => [cell, ensemble.weights[i]])
+    .filter(([, w]) => w > 0)
+    .sort((a, b) => b[1] - a[1]);
+  const parts = used.map(([cell, w]) => `${cell} (${fmt(w)})`).join(", ");
+  return `result: the grid's ensemble of ${used.length} of ${ensemble.cells.length} cells: ${parts}; ` +
+    `held-out ${ensemble.score_name} ${fmt(ensemble.held_out_score)} (equal weights ${fmt(ensemble.equal_weight_score)})`;
 }
 
 // ---- controls ------------------------------------------------------------------------------

@@ -1,0 +1,349 @@
+"""The referee: Palomino's grid vs one plain GAN vs N independent GANs, at equal total compute.
+
+For a grid of N cells × S optimiser steps each (generator + discriminator steps, counted by the
+trainer in metrics.jsonl), on the same data and seeds:
+- grid       Palomino's result, the mixture `palomino sample` draws from (result/);
+- plain      one GAN with the grid's total steps: same networks, loss, Adam; no coevolution;
+- indep-best N independent GANs with S steps each, the one whose MMD² to the training data is lowest;
+- indep-mix  their equal-weight mixture.
+Toys: modes covered and high-quality share (HQ) of 2,500 samples, and per-cell diversity (modes
+covered by each cell's own generator, their union). Images: FID with the classifier extractor and
+TVD of its predicted class histogram, against held-out real images the GANs never saw.
+
+    python benchmarks/quality.py --quick                  # a few minutes: ring 3×3, short, 2 seeds
+    python benchmarks/quality.py ring-3x3 grid-4x4        # 5 seeds each (the default)
+    python benchmarks/quality.py mnist-1x1 mnist-2x2 mnist-3x3 --seeds 0 1 --set training.iterations=20
+    python benchmarks/quality.py --out bench/quality      # table.json, table.png and the runs there
+
+Baselines train in a pool of 2 worker processes (one torch thread each) while nothing else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, FrechetScore
+from palomino.coevolution.mixture import MixtureScore
+from palomino.config import ExperimentConfig
+from palomino.config.loading import load_config
+from palomino.data import Dataset, load_dataset
+from palomino.nn import build_discriminator, build_generator, get_loss
+from palomino.runs.directory import RunDirectory, read_jsonl
+from palomino.runs.embedded import train_embedded
+from palomino.runs.mixture import Mixture
+from palomino.scoring import mode_coverage
+
+ROOT = Path(__file__).resolve().parent.parent
+MNIST_DIR = ROOT.parent / "shared" / "datasets" / "mnist"
+SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
+IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
+
+
+@dataclass(frozen=True)
+class Case:
+    example: str  # examples/<example>.yaml
+    overrides: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ()  # extra overrides under --quick
+
+
+# Images: the same per-cell budget for every grid size (30 iterations × 50 batches of 100), so
+# a bigger grid spends more in all; its baselines get as much. --quick cuts it to 4 × 20.
+IMAGE_BUDGET = ("training.iterations=30", "training.batches_per_iteration=50", "training.sample_every=0", "training.checkpoint_every=0")
+IMAGE_QUICK = ("training.iterations=4", "training.batches_per_iteration=20")
+MNIST = (f"data.dir={MNIST_DIR}", "data.split=test")  # the offline copy: 8,000 images to train on, 2,000 held out
+CASES: dict[str, Case] = {
+    "ring-3x3": Case("ring-3x3", quick=("training.iterations=30",)),
+    "grid-4x4": Case("grid-4x4", quick=("training.iterations=30",)),
+    **{
+        f"mnist-{n}x{n}": Case("mnist-mlp-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK)
+        for n in (1, 2, 3, 4)
+    },
+    "fashion-3x3": Case("mnist-mlp-3x3", (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"), IMAGE_QUICK),
+}
+
+
+@dataclass
+class Result:
+    case: str
+    seed: int
+    method: str
+    steps: int
+    seconds: float
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+# ---- data and scores -------------------------------------------------------------------------
+
+
+def split_data(config: ExperimentConfig, seed: int) -> tuple[Dataset, Dataset | None]:
+    """(training data, held-out data): toys are drawn anew for scoring; images keep 2,000 aside."""
+    if config.data.name.startswith("gaussian"):
+        return load_dataset(config.data, seed), None
+    from palomino.scoring.classifier import classifier_split
+
+    split = classifier_split(config.data, holdout=IMAGE_SAMPLES, seed=0)
+    return split.train, split.test
+
+
+@torch.no_grad()
+def draw(generators: list[torch.nn.Module], weights: np.ndarray, n: int, latent: int, seed: int) -> torch.Tensor:
+    """n samples of the mixture (generator space): component i draws about n·wᵢ of them."""
+    from palomino.runs.mixture import component_counts
+
+    g = torch.Generator().manual_seed(seed)
+    parts = [net.eval()(torch.randn(int(k), latent, generator=g)) for net, k in zip(generators, component_counts(weights, n)) if k]
+    return torch.cat(parts)
+
+
+class Referee:
+    """Scores samples of one case the same way for every method."""
+
+    def __init__(self, config: ExperimentConfig, train: Dataset, held_out: Dataset | None, out: Path) -> None:
+        self.config, self.train, self.held_out = config, train, held_out
+        self.extractor = None
+        if held_out is not None:
+            from palomino.scoring.classifier import save_classifier, train_classifier
+            from palomino.scoring.extractors import ClassifierExtractor
+
+            path = out / f"classifier-{config.data.name}.safetensors"
+            if not path.exists():  # trained on the same 8,000 / 2,000 split the GANs use
+                save_classifier(train_classifier(config.data, holdout=IMAGE_SAMPLES), path)
+            self.classifier = path
+            self.extractor = ClassifierExtractor(path)
+            self.real = self.extractor.extract(((held_out.samples + 1) / 2).clamp(0, 1))
+
+    def score(self, samples: torch.Tensor) -> dict[str, float]:
+        if self.extractor is None:
+            coverage = mode_coverage(samples, self.train.modes, self.train.mode_std)
+            return {"modes": coverage.covered, "hq": coverage.high_quality}
+        from palomino.coevolution.ensemble import frechet_distance
+
+        features, logits = self.extractor.extract(((samples + 1) / 2).clamp(0, 1))
+        real_features, real_logits = self.real
+        fid = frechet_distance(features.double().mean(0), torch.cov(features.double().T), real_features.double().mean(0), torch.cov(real_features.double().T))
+        from palomino.scoring.tvd import total_variation
+
+        classes = real_logits.shape[1]
+        p = torch.bincount(logits.argmax(1), minlength=classes).double() / len(logits)
+        q = torch.bincount(real_logits.argmax(1), minlength=classes).double() / len(real_logits)
+        return {"fid": fid, "tvd": float(total_variation(p, q))}
+
+    def sample_count(self) -> int:
+        return SAMPLES if self.extractor is None else IMAGE_SAMPLES
+
+
+def selection_score(generator: torch.nn.Module, train: Dataset, latent: int, seed: int, referee: Referee) -> float:
+    """How indep-best picks its GAN, as the grid's ensemble picks its weights: against training
+    data, never the held-out data — FID on the classifier's features for images, MMD² for points."""
+    fake = draw([generator], np.ones(1), 1000, latent, seed + 1)
+    real = train.samples[torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:1000]]
+    if referee.extractor is not None:
+        features = [referee.extractor.extract(((x + 1) / 2).clamp(0, 1))[0] for x in (fake, real)]
+        return FrechetScore.from_features([features[0]], features[1])(np.ones(1))
+    return MixtureScore.from_samples([fake], real, FINE_BANDWIDTH_FACTORS)(np.ones(1))
+
+
+# ---- the methods -----------------------------------------------------------------------------
+
+
+def train_plain(config_json: dict, train: Dataset, steps: tuple[int, int], seed: int) -> tuple[dict, float]:
+    """One plain GAN: `steps` = (generator steps, discriminator steps), interleaved evenly."""
+    torch.set_num_threads(1)
+    config = ExperimentConfig.model_validate(config_json)
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    G = build_generator(config.network, train.sample_shape, train.kind)
+    D = build_discriminator(config.network, train.sample_shape, train.kind)
+    t = config.training
+    loss = get_loss(t.losses[0])
+    opt_g = torch.optim.Adam(G.parameters(), lr=t.learning_rate, betas=t.adam_betas)
+    opt_d = torch.optim.Adam(D.parameters(), lr=t.learning_rate, betas=t.adam_betas)
+    g_steps, d_steps = steps
+    batch, latent = min(t.batch_size, len(train)), config.network.latent_dim
+    done_d = 0
+    for step in range(g_steps):
+        z = torch.randn(batch, latent)
+        opt_g.zero_grad(set_to_none=True)
+        loss.generator(D(G(z))).backward(inputs=list(G.parameters()))
+        opt_g.step()
+        while done_d < round((step + 1) * d_steps / g_steps):
+            real = train.samples[torch.randint(len(train), (batch,))]
+            with torch.no_grad():
+                fake = G(torch.randn(batch, latent))
+            opt_d.zero_grad(set_to_none=True)
+            loss.discriminator(D, real, fake).backward(inputs=list(D.parameters()))
+            opt_d.step()
+            done_d += 1
+    return G.state_dict(), time.perf_counter() - start
+
+
+def run_grid(config: ExperimentConfig, train: Dataset, out: Path) -> tuple[RunDirectory, float]:
+    torch.set_num_threads(2)
+    run = RunDirectory.create(out, config)
+    start = time.perf_counter()
+    outcome = asyncio.run(train_embedded(config, run, train))
+    if not outcome.finished:
+        raise RuntimeError(f"{run.path}: training did not finish")
+    return run, time.perf_counter() - start
+
+
+def grid_steps(run: RunDirectory) -> tuple[int, int, int]:
+    """(generator steps, discriminator steps, cells) summed over metrics.jsonl."""
+    records = list(read_jsonl(run.path / "metrics.jsonl"))
+    g = sum(r["steps"]["generator"] for r in records)
+    d = sum(r["steps"]["discriminator"] for r in records)
+    return g, d, len({tuple(r["cell"]) for r in records})
+
+
+def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
+    mixture = Mixture.load(run.result_dir / "cells" / cell)
+    return mixture.generators[mixture.components.index(cell)]
+
+
+def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: ProcessPoolExecutor) -> list[Result]:
+    case = CASES[name]
+    config = load_config(ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}"])
+    train, held_out = split_data(config, seed)
+    referee = Referee(config, train, held_out, out)
+    latent, n = config.network.latent_dim, referee.sample_count()
+
+    if referee.extractor is not None:  # the grid's ensemble optimises FID on these features (training data)
+        config = config.model_copy(update={"scoring": config.scoring.model_copy(update={"classifier": referee.classifier})})
+    run, grid_seconds = run_grid(config, train, out / name)
+    g, d, cells = grid_steps(run)
+    result = Mixture.load(run.result_dir)
+    grid = Result(name, seed, "grid", g + d, grid_seconds, referee.score(result.sample(n, seed=seed + 100, data_space=False)))
+    if held_out is None:  # per-cell diversity: each cell's own generator, and their union
+        per_cell = [
+            mode_coverage(draw([own_generator(run, c)], np.ones(1), n, latent, seed + 200), train.modes, train.mode_std)
+            for c in sorted(_cells(run))
+        ]
+        union = np.array([[k >= 20 for k in p.counts] for p in per_cell]).any(0).sum()
+        grid.scores.update(cell_modes=float(np.mean([p.covered for p in per_cell])), union=int(union), used=int((result.weights > 0).sum()))
+
+    dumped = config.model_dump(mode="json")
+    plain_job = pool.submit(train_plain, dumped, train, (g, d), seed + 1000)
+    per = (g // cells, d // cells)
+    indep_jobs = [pool.submit(train_plain, dumped, train, per, seed + 2000 + i) for i in range(cells)]
+    results = [grid]
+    state, seconds = plain_job.result()
+    plain = build_generator(config.network, train.sample_shape, train.kind)
+    plain.load_state_dict(state)
+    results.append(Result(name, seed, "plain", g + d, seconds, referee.score(draw([plain], np.ones(1), n, latent, seed + 100))))
+    nets, times = [], []
+    for job in indep_jobs:
+        state, seconds = job.result()
+        net = build_generator(config.network, train.sample_shape, train.kind)
+        net.load_state_dict(state)
+        nets.append(net)
+        times.append(seconds)
+    best = min(nets, key=lambda net: selection_score(net, train, latent, seed, referee))
+    results.append(Result(name, seed, "indep-best", g + d, sum(times), referee.score(draw([best], np.ones(1), n, latent, seed + 100))))
+    equal = np.full(len(nets), 1 / len(nets))
+    results.append(Result(name, seed, "indep-mix", g + d, sum(times), referee.score(draw(nets, equal, n, latent, seed + 100))))
+    return results
+
+
+def _cells(run: RunDirectory) -> list[str]:
+    return [p.name for p in (run.result_dir / "cells").iterdir() if p.is_dir()]
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+
+def summarise(results: list[Result]) -> list[dict[str, Any]]:
+    rows = []
+    for case in dict.fromkeys(r.case for r in results):
+        for method in dict.fromkeys(r.method for r in results if r.case == case):
+            mine = [r for r in results if r.case == case and r.method == method]
+            row: dict[str, Any] = {"case": case, "method": method, "seeds": len(mine), "steps": mine[0].steps,
+                                   "seconds": float(np.mean([r.seconds for r in mine]))}
+            for key in mine[0].scores:
+                values = [r.scores[key] for r in mine]
+                row[key] = {"mean": float(np.mean(values)), "sd": float(np.std(values)), "min": float(np.min(values)), "values": values}
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    keys = [k for k in ("modes", "hq", "cell_modes", "union", "used", "fid", "tvd") if any(k in r for r in rows)]
+    lines = [f"{'case':<12}{'method':<12}{'seeds':>6}" + "".join(f"{k:>16}" for k in keys) + f"{'G+D steps':>12}{'wall s':>9}"]
+    for r in rows:
+        cells = "".join(f"{r[k]['mean']:>9.3f} ±{r[k]['sd']:<5.3f}" if k in r else f"{'':>16}" for k in keys)
+        lines.append(f"{r['case']:<12}{r['method']:<12}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        mine = [r for r in rows if r["case"] == case]
+        key = "hq" if "hq" in mine[0] else "fid"
+        ax.bar([r["method"] for r in mine], [r[key]["mean"] for r in mine], yerr=[r[key]["sd"] for r in mine], color="#5b8def")
+        if key == "hq":
+            for i, r in enumerate(mine):
+                ax.text(i, r[key]["mean"] / 2, f"{r['modes']['mean']:.1f} modes", ha="center", fontsize=8, color="white")
+        ax.set_title(f"{case} ({key}; {mine[0]['seeds']} seeds)")
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases", nargs="*", help=f"cases (default: ring-3x3 grid-4x4); any of {', '.join(CASES)}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3 4 (--quick: 0 1)")
+    parser.add_argument("--quick", action="store_true", help="short runs of ring-3x3, 2 seeds: a few minutes")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
+    parser.add_argument("--out", type=Path, default=None, help="keep runs, table.json and table.png here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    cases = args.cases or (["ring-3x3"] if args.quick else ["ring-3x3", "grid-4x4"])
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case {unknown[0]}; choose from {', '.join(CASES)}")
+    seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4])
+    with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        results: list[Result] = []
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(2, mp_context=context) as pool:
+            for name in cases:
+                overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
+                for seed in seeds:
+                    for r in evaluate_case(name, seed, overrides, out, pool):
+                        results.append(r)
+                        shown = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.scores.items())
+                        print(f"{r.case} seed {seed} {r.method}: {shown} ({r.steps} steps, {r.seconds:.0f} s)", file=sys.stderr, flush=True)
+        rows = summarise(results)
+        print(format_table(rows))
+        (out / "table.json").write_text(json.dumps({"cases": cases, "seeds": seeds, "overrides": args.overrides, "quick": args.quick,
+                                                    "rows": rows}, indent=2))
+        plot(rows, out / "table.png")
+        if args.out:
+            print(f"\n{out / 'table.json'}  {out / 'table.png'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
