@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from palomino.grid import Coord, Topology, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
 from palomino.runs.directory import RunDirectory, finite_json
-from palomino.runs.result import CellResult, write_result
+from palomino.runs.result import CellResult, grid_components, save_encoded, write_ensemble, write_result
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import forget_published, newest_published
@@ -53,6 +55,26 @@ class Worker:
         self.experiment, self.coord = None, None
 
 
+def adopt_ensemble(run: RunDirectory, result: ScoreResult) -> None:
+    """result/grid/ (every cell's generator) with the weights a scorer optimised becomes result/.
+    The weights are checked against the components: a forged or stale result changes nothing."""
+    summary = result.ensemble or {}
+    folder = run.result_dir / "grid"
+    description = json.loads((folder / "mixture.json").read_text())
+    weights = summary["weights"]
+    if (
+        not isinstance(weights, list)
+        or len(weights) != len(description["components"])
+        or summary.get("cells") != description["components"]
+        or not all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights)
+        or sum(weights) <= 0
+    ):
+        raise ValueError(f"weights {str(weights)[:80]} do not fit the grid's {len(description['components'])} components")
+    summary = {**summary, "weights": [w / sum(weights) for w in weights]}
+    png = base64.b64decode(result.samples_png) if result.samples_png else b""
+    write_ensemble(run, (folder / "mixture.safetensors").read_bytes(), description, summary, png)
+
+
 @dataclass
 class Experiment:
     id: str
@@ -71,6 +93,9 @@ class Experiment:
     # The epoch each coordinate's history began (a shrink gave it another worker): older snapshots
     # and checkpoints of it are a previous occupant's, never restored.
     history_since: dict[Coord, int] = field(default_factory=dict)
+    # worker → the coordinate the last shrink moved it from: its Done may already be on the way
+    # from there (it finished as the Resize was sent), and then it is the result of where it went.
+    moved_from: dict[str, Coord] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -268,7 +293,11 @@ class Orchestrator:
     async def _on_done(self, experiment: Experiment, message: Done, payload: bytes) -> None:
         coord = Coord(*message.coord)
         if experiment.cells.get(coord) != message.worker:
-            return  # a cell that has since been moved or replaced
+            if experiment.moved_from.get(message.worker) != coord:
+                return  # a cell that has since been replaced
+            coord = next(c for c, w in experiment.cells.items() if w == message.worker)
+            log.info("cell %s of %s finished before its move: its result stands for %s", message.coord, experiment.id, coord)
+        experiment.moved_from.pop(message.worker, None)
         experiment.done[coord] = CellResult(
             str(coord), message.score, message.components, message.weights, payload, message.mixture,
             base64.b64decode(message.samples_png) if message.samples_png else b"",
@@ -298,32 +327,51 @@ class Orchestrator:
         if not scoring.final:
             return
         options = scoring.job_options()
-        targets = [(str(coord), result) for coord, result in sorted(experiment.done.items())]
+        targets = [(str(coord), result.description, result.payload, None) for coord, result in sorted(experiment.done.items())]
         if experiment.partition is None:  # a class mixture has no single payload: `palomino score` scores it
-            targets.insert(0, ("best", best))
-        for target, result in targets:
+            targets.insert(0, await self._best_target(experiment, best))
+        for target, description, payload, ensemble in targets:
             job = ScoreJob(
                 job=f"{experiment.id}:{target}",
                 experiment=experiment.id,
                 target=target,
-                mixture=result.description,
+                mixture=description,
                 data=experiment.config.data.model_dump(mode="json"),
                 data_seed=experiment.config.seed,
                 options=options,
+                ensemble=ensemble,
             )
             try:
-                await self.scoring.enqueue(job, result.payload)
+                await self.scoring.enqueue(job, payload)
             except PalominoError as error:
                 log.warning("score job %s not queued: %s", job.job, error)
                 return
 
+    async def _best_target(self, experiment: Experiment, best: CellResult) -> tuple[str, dict, bytes, dict | None]:
+        """The "best" score job: the best neighbourhood mixture, or — training.ensemble.scope grid — every
+        cell's generator, for the scorer to optimise into the grid's ensemble (kept in result/grid/
+        until its weights come back)."""
+        config = experiment.config
+        if not config.grid_ensemble:
+            return "best", best.description, best.payload, None
+        results = list(experiment.done.values())
+        payload, description = await asyncio.to_thread(grid_components, results, experiment.id)
+        await asyncio.to_thread(save_encoded, experiment.run.result_dir / "grid", payload, description)
+        return "best", description, payload, config.model_dump(mode="json")
+
     async def _on_score(self, result: ScoreResult) -> None:
-        """A scorer's result → the run's scores.json (also for runs this orchestrator no longer holds)."""
+        """A scorer's result → the run's scores.json (also for runs this orchestrator no longer holds);
+        an ensemble's weights → result/ first."""
         experiment = self.experiments.get(result.experiment)
         folder = experiment.run.path if experiment else self.runs / result.experiment
         if not (folder / "config.yaml").is_file():
             log.info("score for unknown experiment %s dropped", result.experiment)
             return
+        if result.target == "best" and result.ensemble is not None:
+            try:
+                await asyncio.to_thread(adopt_ensemble, RunDirectory(folder), result)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                log.warning("experiment %s: the ensemble's weights are not usable (%s); result/ keeps the best cell's mixture", result.experiment, error)
         await asyncio.to_thread(record_score, folder, result)
 
     # ---- supervision ----------------------------------------------------------------------
@@ -566,6 +614,8 @@ class Orchestrator:
                     folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
                 experiment.history_since[coord] = experiment.topology.epoch + 1
                 await self._forget_published(experiment, coord)
+        was_at = {w: c for c, w in experiment.cells.items()}
+        experiment.moved_from = {w: was_at[w] for c, w in placed.items() if w in working and was_at[w] != c}
         experiment.cells = placed
         experiment.partition = partition
         topology = await self._new_epoch(experiment, rows, cols)
