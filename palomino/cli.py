@@ -28,11 +28,11 @@ def _fail(error: PalominoError) -> typer.Exit:
 
 @app.callback()
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=stderr, show_path=False)],
-    )
+    from palomino.transport.urls import RedactingFilter
+
+    handler = RichHandler(console=stderr, show_path=False)
+    handler.addFilter(RedactingFilter())  # libraries log URLs too (aio-pika's reconnects): never a password
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("httpx", "aio_pika", "aiormq"):  # their INFO lines are per request / per reconnect try
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -46,20 +46,17 @@ def train(
     dashboard: Optional[int] = typer.Option(None, "--dashboard", min=0, max=65535, help="Serve the live dashboard of this run on this port (0: any free port) while it trains."),
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
-    from palomino.config import apply_overrides, dump_config, load_config, parse_config
+    from palomino.config import dump_config, load_config
     from palomino.data import load_dataset
     from palomino.runs import RunDirectory
     from palomino.runs.checkpoints import atomic_write
     from palomino.runs.embedded import train_embedded
 
-    import yaml
-
     listening = _dashboard_socket(dashboard)  # a taken port fails before anything is written
     try:
         if resume is not None:
             run = RunDirectory.open(resume)
-            raw = yaml.safe_load(run.config_path.read_text())
-            cfg = parse_config(apply_overrides(raw, overrides)) if overrides else run.load_config()
+            cfg = load_config(run.config_path, overrides)  # the same loader as a CONFIG file: exit 2 naming the problem
             if overrides:  # e.g. more iterations: the run directory keeps describing the run
                 atomic_write(run.config_path, dump_config(cfg).encode())
         elif config is None:
@@ -209,10 +206,32 @@ def sample(
     print(out)
 
 
-def _settings(broker: Optional[str] = None, redis: Optional[str] = None, orchestrator: Optional[str] = None):
+def _settings(broker: Optional[str] = None, redis: Optional[str] = None, orchestrator: Optional[str] = None, client: bool = False):
+    """The services' settings (flags over PALOMINO_* variables); a bad variable, or a broker or Redis
+    password left at an example's placeholder, exits 2 naming it."""
+    from pydantic import ValidationError
+
+    from palomino.services.auth import refuse_placeholder_passwords
     from palomino.services.settings import ServiceSettings
 
-    return ServiceSettings().with_flags(broker_url=broker, redis_url=redis, orchestrator_url=orchestrator)
+    try:
+        settings = ServiceSettings().with_flags(broker_url=broker, redis_url=redis, orchestrator_url=orchestrator)
+        if not client:  # a service: it connects to the broker and Redis with these
+            refuse_placeholder_passwords(**{"--broker / PALOMINO_BROKER_URL": settings.broker_url, "--redis / PALOMINO_REDIS_URL": settings.redis_url})
+        return settings
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = "PALOMINO_" + str(first["loc"][0]).upper() if first["loc"] else "PALOMINO_*"
+        raise _fail(ConfigError(f"{name}: {first['msg'].removeprefix('Value error, ')}")) from None
+    except ValueError as error:
+        raise _fail(ConfigError(str(error))) from None
+
+
+def _client(orchestrator: Optional[str]):
+    from palomino.services.client import OrchestratorClient
+
+    settings = _settings(orchestrator=orchestrator, client=True)
+    return OrchestratorClient(settings.orchestrator_url, token=settings.token)
 
 
 BROKER = typer.Option(None, "--broker", help="RabbitMQ URL (else PALOMINO_BROKER_URL, else local guest).")
@@ -255,16 +274,22 @@ def orchestrator(
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where run directories are written."),
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to serve on; anything but loopback needs PALOMINO_ORCHESTRATOR_TOKEN."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535),
 ) -> None:
     """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
     import uvicorn
 
     from palomino.services.api import create_app
+    from palomino.services.auth import is_loopback
     from palomino.services.orchestrator import preflight
 
     settings = _settings(broker, redis)
+    if settings.token is None and not is_loopback(host):
+        raise _fail(ConfigError(
+            f"--host {host}: serving beyond this machine needs a token; set PALOMINO_ORCHESTRATOR_TOKEN "
+            "(e.g. `export PALOMINO_ORCHESTRATOR_TOKEN=$(openssl rand -hex 32)`) and give it to its clients"
+        ))  # fmt: skip
     try:
         asyncio.run(preflight(settings))
     except PalominoError as error:
@@ -285,10 +310,8 @@ def submit(
     orchestrator: Optional[str] = ORCH,
 ) -> None:
     """Submit an experiment to the orchestrator; prints its id."""
-    from palomino.services.client import OrchestratorClient
-
     try:
-        reply = OrchestratorClient(_settings(orchestrator=orchestrator).orchestrator_url).submit(_experiment_yaml(config, overrides))
+        reply = _client(orchestrator).submit(_experiment_yaml(config, overrides))
     except PalominoError as error:
         raise _fail(error) from None
     print(reply["id"])
@@ -301,10 +324,8 @@ def wait(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds; default: no limit."),
 ) -> None:
     """Block until the experiment ends; prints its run directory (exit 1 unless it finished)."""
-    from palomino.services.client import OrchestratorClient
-
     try:
-        summary = OrchestratorClient(_settings(orchestrator=orchestrator).orchestrator_url).wait(experiment, timeout)
+        summary = _client(orchestrator).wait(experiment, timeout)
     except PalominoError as error:
         raise _fail(error) from None
     if summary["state"] != "finished":
@@ -319,10 +340,8 @@ def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = 
     """Print an experiment's state, layout and liveness as JSON."""
     import json
 
-    from palomino.services.client import OrchestratorClient
-
     try:
-        summary = OrchestratorClient(_settings(orchestrator=orchestrator).orchestrator_url).experiment(experiment)
+        summary = _client(orchestrator).experiment(experiment)
     except PalominoError as error:
         raise _fail(error) from None
     print(json.dumps(summary, indent=2))

@@ -26,6 +26,13 @@ os.environ["MKL_NUM_THREADS"] = "1"
 if "torch" in sys.modules:  # a plugin imported it first: the variables came too late
     sys.modules["torch"].set_num_threads(1)
 
+# This machine's data roots for orchestrators the tests start: the shared datasets and pytest's
+# temporary folders, besides the usual ones (tests/test_security.py sets its own).
+os.environ.setdefault(
+    "PALOMINO_DATA_ROOTS",
+    os.pathsep.join([str(REPO.parent / "shared" / "datasets"), "/tmp", "data", "/data/datasets", "/usr/share/datasets", "~/.cache/palomino"]),
+)
+
 # The smallest experiment that still exercises every part of an iteration (seconds on a laptop CPU).
 TINY: dict[str, Any] = {
     "name": "tiny",
@@ -119,13 +126,16 @@ def tiny_config() -> dict[str, Any]:
     return tiny()
 
 
-async def raw_publish(body: bytes, key: str, broker: str = "amqp://guest:guest@127.0.0.1:5672/") -> None:
-    """Publish raw bytes on the snapshot exchange, as a confused or hostile client would."""
+async def raw_publish(
+    body: bytes | list[bytes], key: str, broker: str = "amqp://guest:guest@127.0.0.1:5672/", exchange: str = "palomino.snapshots"
+) -> None:
+    """Publish raw bytes (one body or several) on an exchange, as a confused or hostile client would."""
     import aio_pika
 
     connection = await aio_pika.connect(os.environ.get("PALOMINO_BROKER_URL", broker))
     async with connection:
         channel = await connection.channel()
-        exchange = await channel.get_exchange("palomino.snapshots")
-        await exchange.publish(aio_pika.Message(body), routing_key=key)
+        target = await channel.get_exchange(exchange)
+        for one in body if isinstance(body, list) else [body]:
+            await target.publish(aio_pika.Message(one), routing_key=key)
 

@@ -16,14 +16,18 @@ No Docker engine, helm or apptainer binary runs here, so:
 
 from __future__ import annotations
 
+import base64
 import copy
+import functools
 import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
+import string
 import subprocess
 import textwrap
 import time
@@ -117,6 +121,8 @@ def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
     env = services["orchestrator"]["environment"]
     assert env["PALOMINO_BROKER_URL"].startswith("amqp://palomino:change-me-rabbitmq-password@rabbitmq:5672/")
     assert services["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"] == "change-me-rabbitmq-password"
+    for name in ("orchestrator", "dashboard", "submit"):  # the API's token, to the server and its clients
+        assert services[name]["environment"]["PALOMINO_ORCHESTRATOR_TOKEN"] == "change-me-orchestrator-token", name
 
     gpu = active(compose_config(tmp_path, example_env(), "gpu"), "gpu")["cell-gpu"]
     assert gpu["command"] == ["palomino", "cell", "--device", "cuda"]
@@ -133,6 +139,29 @@ def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "RABBITMQ_USER" in done.stderr and ".env.example" in done.stderr
+    without_token = {k: v for k, v in example_env().items() if k != "PALOMINO_ORCHESTRATOR_TOKEN"}
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in without_token.items()))
+    done = subprocess.run(
+        [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+    )
+    assert done.returncode != 0 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr
+
+
+def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> None:
+    # .env.example copied as it is: the services exit 2 naming what to change, never start open.
+    services = active(compose_config(tmp_path, example_env()))
+    stack = LocalStack(services, tmp_path)
+    for name, what in (("orchestrator", "PALOMINO_ORCHESTRATOR_TOKEN"), ("cell", "PALOMINO_ORCHESTRATOR_TOKEN")):
+        done = subprocess.run(stack.argv(name, services[name]["command"]), cwd=REPO, env=stack.env(name), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and what in done.stderr and "placeholder" in done.stderr, done.stderr
+        assert "change-me-orchestrator-token" not in done.stderr  # never echoed
+    env = example_env() | {"PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16)}
+    services = active(compose_config(tmp_path, env))
+    stack = LocalStack(services, tmp_path)
+    done = subprocess.run(stack.argv("cell", services["cell"]["command"]), cwd=REPO, env=stack.env("cell"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "PALOMINO_BROKER_URL" in done.stderr and "placeholder" in done.stderr, done.stderr
+    assert "change-me-rabbitmq-password" not in done.stderr
 
 
 def free_port() -> int:
@@ -275,6 +304,7 @@ def vhost():
 def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost: str) -> None:
     env = example_env() | {
         "RABBITMQ_USER": "guest", "RABBITMQ_PASSWORD": "guest", "REDIS_PASSWORD": "",  # this machine's servers
+        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16),
         "RABBITMQ_VHOST": vhost, "REDIS_DB": str(7 + os.getpid() % 8),
         "PALOMINO_CELLS": "5",  # 2×2 + 1 spare
         "PALOMINO_EXPERIMENT": "examples/ring-1x1.yaml",  # relative to the image's /app, like the default
@@ -318,7 +348,7 @@ def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost:
 
 
 def test_compose_submit_names_the_missing_dataset_before_submitting(tmp_path: Path) -> None:
-    env = example_env() | {"PALOMINO_SET": "data.dir=/data/datasets/mnist data.download=false"}
+    env = example_env() | {"PALOMINO_SET": "data.dir=/data/datasets/mnist data.download=false", "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16)}
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)  # no orchestrator runs: the dataset check comes first
     done = subprocess.run(stack.argv("submit", services["submit"]["command"]), cwd=REPO, env=stack.env("submit"),
@@ -517,6 +547,10 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "ternary": lambda yes, no, condition: yes if truthy(condition) else no,
     "dict": lambda *a: {a[i]: a[i + 1] for i in range(0, len(a), 2)},
     "merge": lambda dst, *srcs: [deep_merge(dst, s) for s in srcs][-1] if srcs else dst,
+    "lookup": lambda *a: {},  # what `helm template` and `--dry-run` see: no cluster, no objects
+    "index": lambda collection, *keys: functools.reduce(lambda c, k: (c or {}).get(k), keys, collection),
+    "b64dec": lambda s: base64.b64decode(s).decode(),
+    "randAlphaNum": lambda n: "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(int(n))),
 }
 
 
@@ -693,7 +727,7 @@ def test_templates_are_balanced_and_use_only_known_functions() -> None:
     with pytest.raises(TemplateError, match="missing"):
         parse(broken, "broken.yaml")
     with pytest.raises(TemplateError, match="outside the renderer"):
-        Renderer(CHART).function("lookup")
+        Renderer(CHART).function("tpl")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -761,6 +795,17 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str
         (secret,) = by_kind["Secret"].values()
         assert secret["stringData"]["broker-url"].startswith("amqp://")
         assert secret["stringData"]["redis-url"].startswith("redis://")
+        token = secret["stringData"]["orchestrator-token"]  # given, or generated: never empty
+        assert token == (merged["credentials"]["orchestratorToken"] or token) and len(token) >= 16
+    # The orchestrator's API token reaches the orchestrator and its clients, not the cells.
+    token_users = {c for c, container in commands.items() if "PALOMINO_ORCHESTRATOR_TOKEN" in {e["name"] for e in container.get("env", [])}}
+    assert token_users == {"orchestrator"} | ({"dashboard"} if merged["dashboard"]["enabled"] else set()) | ({"submit"} if jobs else set()), token_users
+    policies = by_kind.get("NetworkPolicy", {})
+    assert bool(policies) == merged["orchestrator"]["networkPolicy"]["enabled"]
+    for policy in policies.values():
+        assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "orchestrator"
+        admitted = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for rule in policy["spec"]["ingress"] for p in rule["from"] if "podSelector" in p}
+        assert admitted == {"dashboard", "experiment"}, admitted
     assert "NOTES.txt" in rendered and "palomino submit" in rendered["NOTES.txt"]
 
 

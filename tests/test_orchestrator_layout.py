@@ -60,6 +60,7 @@ def test_a_done_sent_just_before_a_shrink_moved_its_worker_counts_where_it_went(
     # … but w2 had finished at 1-0 and its Done crossed the Resize: it stands for 0-0.
     asyncio.run(orchestrator._on_done(experiment, done("w2", (1, 0)), b""))
     assert set(experiment.done) == {Coord(0, 0)} and experiment.done[Coord(0, 0)].cell == "0-0"
+    assert experiment.done[Coord(0, 0)].trained_at == "1-0"  # its own generator's name in its mixture
     assert experiment.state == "running"
 
 
@@ -69,3 +70,69 @@ def test_a_done_from_a_replaced_worker_is_still_dropped(tmp_path: Path) -> None:
     asyncio.run(orchestrator._on_done(experiment, done("w0", (0, 0)), b""))  # the dead one, late
     asyncio.run(orchestrator._on_done(experiment, done("w1", (1, 1)), b""))  # never held 1-1
     assert experiment.done == {}
+
+
+def test_supervision_backs_off_while_redis_refuses(tmp_path: Path) -> None:
+    # The `continue` used to skip the sleep: 340,000 liveness queries a second against a dead Redis.
+    from palomino.transport.redis_liveness import RedisLiveness
+
+    orchestrator = Orchestrator(ServiceSettings(), tmp_path)
+    orchestrator.liveness = RedisLiveness("redis://127.0.0.1:1/0")  # nothing listens there
+    calls = 0
+    real_alive = orchestrator.liveness.alive
+
+    async def counted() -> set[str]:
+        nonlocal calls
+        calls += 1
+        return await real_alive()
+
+    orchestrator.liveness.alive = counted
+
+    async def supervise_for(seconds: float) -> None:
+        task = asyncio.create_task(orchestrator._supervise())
+        await asyncio.sleep(seconds)
+        task.cancel()
+        await orchestrator.liveness.close()
+
+    asyncio.run(supervise_for(3.0))
+    assert 1 <= calls <= 5, calls  # 0.5 s, then 1, 2, 4 … between queries
+
+
+def test_metrics_pages_are_read_incrementally_and_survive_a_rewrite(tmp_path: Path) -> None:
+    import json
+
+    from palomino.runs.directory import LineIndex
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"cell": [0, 0], "iteration": i}) + "\n" for i in range(5)) + '{"cell": [0, 0], "iter')
+    index = LineIndex(path)
+    records, following, total = index.page(0, 2)
+    assert [r["iteration"] for r in records] == [0, 1] and (following, total) == (2, 5)  # the torn line waits
+    with open(path, "a") as handle:
+        handle.write('ation": 5}\n')
+    records, following, total = index.page(4, 100)
+    assert [r["iteration"] for r in records] == [4, 5] and (following, total) == (6, 6)
+    assert index.page(6, 10) == ([], 6, 6)
+    # A resume rewrites the file (atomically: a new inode) with fewer records: the index starts again.
+    from palomino.runs.checkpoints import atomic_write
+
+    atomic_write(path, b'{"cell": [0, 0], "iteration": 0}\n')
+    assert index.page(0, 10) == ([{"cell": [0, 0], "iteration": 0}], 1, 1)
+
+
+def test_a_result_moved_by_a_shrink_still_gives_its_own_generator_to_the_grid_ensemble() -> None:
+    import numpy as np
+    from safetensors.numpy import load, save
+
+    from palomino.runs.result import CellResult, grid_components
+
+    def result(cell: str, trained_at: str, value: float) -> CellResult:
+        # A neighbourhood mixture: its own generator (named by where it trained) and a neighbour's.
+        components = [trained_at, "0-1"]
+        payload = save({f"component.{i}.w": np.full(2, value + i, dtype=np.float32) for i in range(2)})
+        return CellResult(cell, 0.1, components, [0.5, 0.5], payload, {"network": {}}, trained_at=trained_at)
+
+    payload, description = grid_components([result("0-0", "1-0", 10.0), result("0-2", "0-2", 20.0)], "x")
+    tensors = load(payload)
+    assert description["components"] == ["0-0", "0-2"]
+    assert tensors["component.0.w"].tolist() == [10.0, 10.0] and tensors["component.1.w"].tolist() == [20.0, 20.0]

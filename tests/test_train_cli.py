@@ -393,3 +393,13 @@ def test_stop_reaches_a_cell_waiting_for_a_stopped_neighbour() -> None:
     assert cells[slow].iteration == 1
     assert cells[fast].iteration == 2
     assert (fast, 2) in recorder.checkpoints  # the waiting cell ended with its checkpoint
+
+
+@pytest.mark.parametrize("text", ["grid: [unclosed", "- just\n- a list\n", "grid: {rows: -3}\n"])
+def test_resume_with_a_malformed_config_exits_2_naming_it(tmp_path: Path, text: str) -> None:
+    run = tmp_path / "runs" / "broken"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(text)
+    result = palomino("train", "--resume", run, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and ("config" in result.stderr or "grid.rows" in result.stderr), result.stderr

@@ -108,3 +108,46 @@ async def test_unreachable_redis_is_an_error_not_an_empty_set() -> None:
             await liveness.alive()
     finally:
         await liveness.close()
+
+
+def nested_body(levels: int = 5000) -> bytes:
+    from palomino.wire.frame import LENGTH
+
+    head = b'{"kind": "metrics", "x": ' + b"[" * levels + b"]" * levels + b"}"
+    return LENGTH.pack(len(head)) + head
+
+
+async def test_nested_json_on_the_control_queue_is_rejected_and_the_consumer_goes_on() -> None:
+    # 200 such bodies used to leave 32 unacknowledged (the prefetch window) and stop the queue for good.
+    from palomino.transport.control import CONTROL_EXCHANGE, ControlChannel, orchestrator_address
+    from palomino.wire.control import Register
+
+    address = orchestrator_address(f"test-{secrets.token_hex(4)}")
+    got: list[object] = []
+
+    async def handler(message: object, payload: bytes) -> None:
+        got.append(message)
+
+    channel = await ControlChannel(BROKER, address).connect()
+    try:
+        await channel.listen(handler)
+        await raw_publish([nested_body()] * 200, address, exchange=CONTROL_EXCHANGE)
+        await channel.send(address, Register(worker="w-after", host="h", pid=1))
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        assert [m.worker for m in got] == ["w-after"] and channel.rejected == 200
+        assert channel.in_flight.stalled_for() == 0.0
+    finally:
+        await channel.channel.queue_delete(f"palomino.{address}")
+        await channel.close()
+
+
+async def test_nested_json_on_the_snapshot_exchange_is_rejected(experiment: str) -> None:
+    async with RabbitSnapshotBus(BROKER, experiment) as receiver:
+        await receiver.bind([Coord(0, 1)], epoch=0)
+        key = routing_key(experiment, Coord(0, 1))
+        await raw_publish([nested_body()] * 50 + [encode_snapshot(snapshot(experiment, (0, 1), 1))], key)
+        got = await receiver.wait(Coord(0, 1), 1, timeout=10)
+        assert got.iteration == 1 and receiver.rejected == 50

@@ -193,3 +193,48 @@ def test_messages_are_one_line() -> None:
         with pytest.raises(SnapshotError) as caught:
             decode_snapshot(item)
         assert "\n" not in str(caught.value)
+
+
+def deeply_nested(levels: int) -> bytes:
+    return b'{"a": ' * levels + b"1" + b"}" * levels
+
+
+@pytest.mark.parametrize("levels", [65, 5000, 100_000])
+def test_json_nested_too_deep_is_refused_before_parsing(levels: int) -> None:
+    # Thousands of levels made json raise RecursionError past every except clause (issue 13 §4).
+    from palomino.wire.control import decode_control
+    from palomino.wire.frame import LENGTH
+    from palomino.wire.score import decode_result
+
+    head = deeply_nested(levels)
+    body = LENGTH.pack(len(head)) + head
+    for decode in (decode_snapshot, decode_control):
+        with pytest.raises(SnapshotError, match="nested deeper than 64"):
+            decode(body)
+    with pytest.raises(SnapshotError, match="nested deeper than 64"):
+        decode_result(head)
+
+
+def test_depth_counts_brackets_in_json_not_in_strings() -> None:
+    from palomino.wire.frame import json_depth_ok
+
+    assert json_depth_ok(deeply_nested(64)) and not json_depth_ok(deeply_nested(65))
+    assert json_depth_ok(b'{"path": "' + b"[" * 500 + b'"}')  # brackets in a string are text
+    assert json_depth_ok(b'["\\"' + b"[" * 500 + b'"]')  # an escaped quote does not end the string
+    assert not json_depth_ok(b'["' + b"]" * 500 + b'", ' + b"[" * 100 + b"]" * 100 + b"]")  # closers in a string do not hide depth
+    assert json_depth_ok(b'"\\"' * 100_000)  # unterminated, with escapes: linear, and json refuses it
+
+
+def test_urls_are_redacted_in_text_and_log_records() -> None:
+    import logging
+
+    from palomino.transport.urls import RedactingFilter, redact, redact_text
+
+    assert redact("amqp://u:pw@host:5672/v") == "amqp://u:***@host:5672/v"
+    assert redact("amqp://u:pw@host:notaport/") == "amqp://u:***@host:notaport/"
+    assert redact_text("connect to amqp://guest:s3cret@h/ and redis://:r3dis@h:6379/0 failed") == (
+        "connect to amqp://guest:***@h/ and redis://:***@h:6379/0 failed"
+    )
+    record = logging.LogRecord("aio_pika", logging.WARNING, __file__, 1, 'Connection attempt to "%s" failed', ("amqp://guest:s3cret@h/",), None)
+    RedactingFilter().filter(record)
+    assert "s3cret" not in record.getMessage() and "amqp://guest:***@h/" in record.getMessage()

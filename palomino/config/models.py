@@ -68,21 +68,21 @@ class GridConfig(_QuietNewKeys):
 
 
 class FitnessConfig(_Strict):
-    sample_size: int = Field(100, ge=1, description="samples each generator/discriminator pair is evaluated on")
+    sample_size: int = Field(100, ge=1, le=100_000, description="samples each generator/discriminator pair is evaluated on")
     mode: Literal["average", "best", "worst"] = "average"
 
 
 class MixtureConfig(_Strict):
-    sigma: float = Field(0.01, gt=0, description="std of the (1+1)-ES Gaussian step on mixture weights")
+    sigma: float = Field(0.01, gt=0, le=10, description="std of the (1+1)-ES Gaussian step on mixture weights")
     score_samples: int = Field(
-        256, ge=10, description="samples drawn per iteration for the in-cell mixture score (kernel MMD)"
+        256, ge=10, le=100_000, description="samples drawn per iteration for the in-cell mixture score (kernel MMD)"
     )
-    es_steps: int = Field(1, ge=0, description="(1+1)-ES steps per iteration")
+    es_steps: int = Field(1, ge=0, le=10_000, description="(1+1)-ES steps per iteration")
 
 
 class MutationConfig(_Strict):
     probability: float = Field(0.5, ge=0, le=1, description="chance a learning rate mutates at a step")
-    alpha: float = Field(0.0001, ge=0, description="scale of the Gaussian learning-rate step")
+    alpha: float = Field(0.0001, ge=0, le=1, description="scale of the Gaussian learning-rate step")
 
 
 class EnsembleConfig(_Strict):
@@ -92,7 +92,7 @@ class EnsembleConfig(_Strict):
         "grid", description="grid: optimise a mixture over all cells' generators; neighbourhood: the best cell's mixture"
     )
     es_steps: int = Field(200, ge=0, le=100_000, description="(1+1)-ES steps on the weights after greedy selection")
-    sigma: float = Field(0.02, gt=0, description="std of the ES's Gaussian step on the weights")
+    sigma: float = Field(0.02, gt=0, le=10, description="std of the ES's Gaussian step on the weights")
     samples: int = Field(0, ge=0, le=100_000, description="generated samples per cell; 0 = about 5,000 points or 2,000 images in all")
 
 
@@ -112,17 +112,17 @@ class SelectionConfig(_Strict):
 
 
 class TrainingConfig(_Strict):
-    iterations: int = Field(50, ge=1)
-    batch_size: int = Field(100, ge=1)
-    batches_per_iteration: int = Field(0, ge=0, description="0 = one pass over the whole dataset")
-    population_size: int = Field(1, ge=1)
-    tournament_size: int = Field(2, ge=1)
-    replacements: int = Field(1, ge=0, description="worst local individuals replaced by the best new ones")
-    learning_rate: float = Field(0.0002, gt=0)
+    iterations: int = Field(50, ge=1, le=10_000_000)
+    batch_size: int = Field(100, ge=1, le=65_536)
+    batches_per_iteration: int = Field(0, ge=0, le=1_000_000, description="0 = one pass over the whole dataset")
+    population_size: int = Field(1, ge=1, le=64)
+    tournament_size: int = Field(2, ge=1, le=64)
+    replacements: int = Field(1, ge=0, le=64, description="worst local individuals replaced by the best new ones")
+    learning_rate: float = Field(0.0002, gt=0, le=1)
     adam_betas: tuple[float, float] = (0.5, 0.999)
-    losses: list[LossName] = Field(default_factory=lambda: ["nonsaturating"], min_length=1)
-    n_critic: int = Field(5, ge=1, description="discriminator steps per generator step with wgan_gp")
-    discriminator_skip_each_nth_step: int = Field(0, ge=0)
+    losses: list[LossName] = Field(default_factory=lambda: ["nonsaturating"], min_length=1, max_length=8)
+    n_critic: int = Field(5, ge=1, le=100, description="discriminator steps per generator step with wgan_gp")
+    discriminator_skip_each_nth_step: int = Field(0, ge=0, le=1_000)
     data_diet: float = Field(
         1.0, gt=0, le=1, description="share of the data each cell trains on, its own random subset (Toutouh et al. 2020)"
     )
@@ -131,9 +131,9 @@ class TrainingConfig(_Strict):
     mutation: MutationConfig = Field(default_factory=MutationConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
-    checkpoint_every: int = Field(10, ge=0, description="0 = only at the end")
-    checkpoint_keep: int = Field(3, ge=1)
-    sample_every: int = Field(10, ge=0, description="0 = only at the end")
+    checkpoint_every: int = Field(10, ge=0, le=10_000_000, description="0 = only at the end")
+    checkpoint_keep: int = Field(3, ge=1, le=100)
+    sample_every: int = Field(10, ge=0, le=10_000_000, description="0 = only at the end")
     synchronous: bool = False
 
     @field_validator("losses", mode="before")
@@ -155,12 +155,12 @@ class DataConfig(_QuietNewKeys):
     name: DataName = "gaussian_ring"
     dir: Path | None = None
     split: Literal["train", "test"] = "train"
-    size: int = Field(0, ge=0, description="0 = all samples (toys: 10,000 points)")
+    size: int = Field(0, ge=0, le=10_000_000, description="0 = all samples (toys: 10,000 points)")
     image_size: int | None = Field(None, ge=8, le=1024)
     channels: Literal[1, 3] | None = None
     download: bool = True
     classes: list[int] | None = Field(
-        None, min_length=1, description="keep only these labels (data.size then counts samples of these)"
+        None, min_length=1, max_length=1_000, description="keep only these labels (data.size then counts samples of these)"
     )
     partition: Literal["none", "labels"] = Field(
         "none", description="labels: one sub-grid per class (grid.per_class), each training on its class only"
@@ -198,11 +198,11 @@ class DataConfig(_QuietNewKeys):
 
 class NetworkConfig(_QuietNewKeys):
     name: Literal["mlp", "dcgan", "sngan"] = "mlp"
-    latent_dim: int = Field(64, ge=1)
-    hidden: int = Field(256, ge=1)
-    width: int = Field(64, ge=1)
+    latent_dim: int = Field(64, ge=1, le=4_096)
+    hidden: int = Field(256, ge=1, le=16_384)
+    width: int = Field(64, ge=1, le=1_024)
     conditional: bool = Field(False, description="label embedding joined to z and to D's input (a CGAN)")
-    label_dim: int = Field(16, ge=1, description="size of a conditional network's label embedding")
+    label_dim: int = Field(16, ge=1, le=1_024, description="size of a conditional network's label embedding")
     activation: Literal["auto", "leaky_relu", "tanh", "relu"] = Field(
         "auto", description="mlp hidden layers; auto: tanh for 2-D points, leaky_relu for images"
     )
@@ -212,25 +212,25 @@ class NetworkConfig(_QuietNewKeys):
 class DistributedConfig(_Strict):
     """How the orchestrator lays out and keeps a distributed run (ignored by `palomino train`)."""
 
-    min_cells: int | None = Field(None, ge=1, description="fewest cells to start or go on with; default rows×cols")
-    max_cells: int | None = Field(None, ge=1, description="most cells to lay out; default rows×cols")
-    start_timeout: float = Field(120.0, gt=0, description="seconds to wait for max_cells workers before starting with fewer")
+    min_cells: int | None = Field(None, ge=1, le=1_048_576, description="fewest cells to start or go on with; default rows×cols")
+    max_cells: int | None = Field(None, ge=1, le=1_048_576, description="most cells to lay out; default rows×cols")
+    start_timeout: float = Field(120.0, gt=0, le=86_400, description="seconds to wait for max_cells workers before starting with fewer")
     on_failure: Literal["auto", "replace", "shrink"] = Field(
         "auto", description="a dead cell's coordinate goes to a spare (replace) or the grid shrinks; auto: replace while spares exist"
     )
-    heartbeat_ttl: float = Field(5.0, gt=0, description="seconds without a heartbeat before a worker counts as dead")
-    neighbour_timeout: float = Field(60.0, gt=0, description="seconds a cell waits for a neighbour's snapshot before going on without it")
+    heartbeat_ttl: float = Field(5.0, ge=2, le=3_600, description="seconds without a heartbeat before a worker counts as dead (≥ 2: cells heartbeat every second)")
+    neighbour_timeout: float = Field(60.0, gt=0, le=86_400, description="seconds a cell waits for a neighbour's snapshot before going on without it")
     max_snapshot_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="larger snapshot bodies are refused (dead-lettered) by the cells"
+        64 * 1024 * 1024, ge=1024, le=1024**3, description="larger snapshot bodies are refused (dead-lettered) by the cells"
     )
 
 
 class ScoringConfig(_Strict):
     """What the offline scorer computes (`palomino score`, the scorer service); see docs/scoring.md."""
 
-    every: int = Field(0, ge=0, description="iterations between scorings of the cells' mixtures; 0 = only at the end")
+    every: int = Field(0, ge=0, le=10_000_000, description="iterations between scorings of the cells' mixtures; 0 = only at the end")
     metrics: list[MetricName] | None = Field(None, min_length=1, description="default: fid, is, kid, tvd for images; modes for the toys")
-    samples: int | None = Field(None, ge=2, description="generated samples per mixture; default 10,000 images / 2,500 points")
+    samples: int | None = Field(None, ge=2, le=1_000_000, description="generated samples per mixture; default 10,000 images / 2,500 points")
     extractor: Literal["classifier", "inception"] = "classifier"
     classifier: Path | None = Field(None, description="file of `palomino classifier train`; default $PALOMINO_CLASSIFIER")
     final: bool = Field(True, description="distributed runs: queue score jobs for the final mixtures (for `palomino scorer`)")
@@ -242,7 +242,7 @@ class ScoringConfig(_Strict):
 
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     device: str = "cpu"
     grid: GridConfig = Field(default_factory=GridConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import logging
 import math
 import secrets
@@ -38,6 +39,56 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except ValueError:
                 log.warning("%s:%d: skipping a malformed line", path, number)
+
+
+class LineIndex:
+    """Where each complete line of an append-only JSON-lines file starts, extended as the file grows:
+    a page of a long metrics.jsonl costs the page, not the file. A rewrite (new inode, or shorter)
+    starts the index again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._starts: list[int] = []
+        self._end = 0
+        self._identity: tuple[int, int] | None = None
+
+    def _refresh(self) -> None:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            self._starts, self._end, self._identity = [], 0, None
+            return
+        identity = (stat.st_dev, stat.st_ino)
+        if identity != self._identity or stat.st_size < self._end:
+            self._starts, self._end, self._identity = [], 0, identity
+        with open(self.path, "rb") as handle:
+            handle.seek(self._end)
+            position = self._end
+            for line in handle:
+                if not line.endswith(b"\n"):
+                    break  # a line still being written
+                self._starts.append(position)
+                position += len(line)
+        self._end = position
+
+    def page(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
+        """(records of lines since..since+limit, the next line, the lines there are now)."""
+        self._refresh()
+        chosen = self._starts[since : since + limit]
+        records: list[dict[str, Any]] = []
+        if chosen:
+            stop = since + len(chosen)
+            end = self._starts[stop] if stop < len(self._starts) else self._end
+            with open(self.path, "rb") as handle:
+                handle.seek(chosen[0])
+                data = handle.read(end - chosen[0])
+            for line in data.splitlines():
+                try:
+                    if line.strip():
+                        records.append(json.loads(line))
+                except ValueError:
+                    log.warning("%s: skipping a malformed line", self.path)
+        return records, since + len(chosen), len(self._starts)
 
 
 class RunDirectory:

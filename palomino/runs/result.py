@@ -39,6 +39,9 @@ class CellResult:
     payload: bytes = field(repr=False)  # the mixture's components, safetensors
     description: dict[str, Any] = field(default_factory=dict)  # mixture.json
     samples_png: bytes = field(default=b"", repr=False)
+    # Where the cell trained when it finished: its own generator's name among `components` (a
+    # shrink may since have moved the result to another coordinate, `cell`).
+    trained_at: str = ""
 
 
 def save_encoded(folder: Path, payload: bytes, description: dict[str, Any]) -> None:
@@ -162,7 +165,10 @@ def grid_components(results: list[CellResult], experiment: str) -> tuple[bytes, 
     ordered = sorted(results, key=lambda r: r.cell)
     tensors = {}
     for i, result in enumerate(ordered):
-        prefix = f"component.{result.components.index(result.cell)}."
+        name = result.trained_at or result.cell
+        if name not in result.components:
+            raise ValueError(f"cell {result.cell}'s mixture has no component {name} (it has {result.components})")
+        prefix = f"component.{result.components.index(name)}."
         own = {k[len(prefix) :]: v for k, v in load(result.payload).items() if k.startswith(prefix)}
         if not own:
             raise ValueError(f"cell {result.cell}'s mixture holds no generator of its own")

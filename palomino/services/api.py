@@ -2,25 +2,63 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import yaml
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from palomino.config import parse_config
+from palomino.config import ExperimentConfig, parse_config
+from palomino.config.data_roots import check_data_dir, data_roots
+from palomino.services.auth import bearer_guard
 from palomino.services.dashboard.runfiles import RunFiles, valid_cell
 from palomino.errors import ConfigError
 from palomino.services.orchestrator import Orchestrator
 from palomino.services.settings import ServiceSettings
 
+MAX_CONFIG_BYTES = 256 * 1024  # an experiment's YAML: a few kB in practice
+MAX_ALIASES = 64
+MAX_METRICS_PAGE = 10_000  # records per /metrics page
+STALLED_AFTER = 120.0  # seconds one control message or score result may take to handle
+
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+async def bounded_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed `limit` bytes (never read whole)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"the config is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"the config exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_submitted(body: bytes, roots: list[Path]) -> ExperimentConfig:
+    """A submitted YAML body → the experiment's config, its data.dir under an allowed root (ConfigError)."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        # Aliases let a few bytes stand for an exponential tree: a config has no use for many.
+        if sum(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)) > MAX_ALIASES:
+            raise ConfigError(f"config: more than {MAX_ALIASES} YAML aliases; write the values out")
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config: not valid YAML: {error}".replace("\n", " ")) from None
+    config = parse_config(raw)
+    check_data_dir(config.data.dir, roots)
+    return config
 
 
 def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     orchestrator = Orchestrator(settings, runs)
+    roots = data_roots(settings.data_roots)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -37,6 +75,9 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
         "counters": Gauge("palomino_orchestrator_total", "Orchestrator counters", ["name"], registry=registry),
     }
 
+    # Everything but /healthz and /metrics needs the token, when there is one.
+    api = APIRouter(dependencies=[Depends(bearer_guard(settings.token, "PALOMINO_ORCHESTRATOR_TOKEN"))])
+
     def lookup(experiment_id: str):
         if not _ID.match(experiment_id):
             raise HTTPException(404, f"no experiment {experiment_id!r}")
@@ -45,31 +86,29 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
             raise HTTPException(404, f"no experiment {experiment_id!r}")
         return experiment
 
-    @app.post("/experiments", status_code=201)
+    @api.post("/experiments", status_code=201)
     async def submit(request: Request) -> dict:
-        text = (await request.body()).decode("utf-8", errors="replace")
-        try:
-            raw = yaml.safe_load(text) or {}
-            config = parse_config(raw)
-        except yaml.YAMLError as error:
-            raise HTTPException(422, f"config: not valid YAML: {error}".replace("\n", " ")) from None
+        body = await bounded_body(request, MAX_CONFIG_BYTES)
+        try:  # off the event loop: a slow parse must not hold /healthz or the consumers
+            config = await asyncio.to_thread(parse_submitted, body, roots)
         except ConfigError as error:
             raise HTTPException(422, str(error)) from None
         experiment = await orchestrator.submit(config)
         return {"id": experiment.id, "run_dir": str(experiment.run.path)}
 
-    @app.get("/experiments")
+    @api.get("/experiments")
     async def experiments() -> list[dict]:
         return [e.summary(orchestrator.alive) for e in orchestrator.experiments.values()]
 
-    @app.get("/experiments/{experiment_id}")
+    @api.get("/experiments/{experiment_id}")
     async def experiment(experiment_id: str) -> dict:
         return lookup(experiment_id).summary(orchestrator.alive)
 
-    @app.get("/experiments/{experiment_id}/metrics")
-    async def metrics(experiment_id: str, since: int = Query(0, ge=0)) -> dict:
-        records = orchestrator.metrics_since(lookup(experiment_id), since)
-        return {"since": since, "next": since + len(records), "records": records}
+    @api.get("/experiments/{experiment_id}/metrics")
+    async def metrics(experiment_id: str, since: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=MAX_METRICS_PAGE)) -> dict:
+        experiment = lookup(experiment_id)
+        records, following, total = await asyncio.to_thread(orchestrator.metrics_page, experiment, since, limit)
+        return {"since": since, "next": following, "total": total, "records": records}
 
     # ---- read-only views of the run directory (for dashboards on other machines) -------------
 
@@ -87,41 +126,48 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
             raise HTTPException(404, f"no {what} yet")
         return Response(path.read_bytes(), media_type="image/png")
 
-    @app.get("/experiments/{experiment_id}/topology")
+    @api.get("/experiments/{experiment_id}/topology")
     async def topology(experiment_id: str) -> dict:
         return {"layouts": files_of(experiment_id).layouts()}
 
-    @app.get("/experiments/{experiment_id}/cells/{cell}/samples")
+    @api.get("/experiments/{experiment_id}/cells/{cell}/samples")
     async def samples(experiment_id: str, cell: str) -> dict:
         return {"cell": cell, "iterations": files_of(experiment_id, cell).sample_iterations(cell)}
 
-    @app.get("/experiments/{experiment_id}/cells/{cell}/samples/{iteration}.png")
+    @api.get("/experiments/{experiment_id}/cells/{cell}/samples/{iteration}.png")
     async def sample_png(experiment_id: str, cell: str, iteration: int) -> Response:
         path = files_of(experiment_id, cell).sample_png(cell, iteration)
         return png(path, f"samples of cell {cell} at iteration {iteration}")
 
-    @app.get("/experiments/{experiment_id}/samples/real.png")
+    @api.get("/experiments/{experiment_id}/samples/real.png")
     async def real_png(experiment_id: str) -> Response:
         return png(files_of(experiment_id).real_png(), "real samples (samples/real.png)")
 
-    @app.get("/experiments/{experiment_id}/result")
+    @api.get("/experiments/{experiment_id}/result")
     async def result(experiment_id: str) -> dict:
         """ranking.json and scores.json as written (null until then)."""
         return files_of(experiment_id).result()
 
-    @app.get("/experiments/{experiment_id}/result/samples.png")
+    @api.get("/experiments/{experiment_id}/result/samples.png")
     async def result_png(experiment_id: str) -> Response:
         return png(files_of(experiment_id).result_png(), "result samples (result/samples.png)")
 
-    @app.delete("/experiments/{experiment_id}")
+    @api.delete("/experiments/{experiment_id}")
     async def delete(experiment_id: str) -> dict:
         experiment = lookup(experiment_id)
         await orchestrator.cancel(experiment)
         return experiment.summary(orchestrator.alive)
 
+    app.include_router(api)
+
     @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"status": "ok", "experiments": len(orchestrator.experiments), "workers_alive": len(orchestrator.alive)}
+    async def healthz(response: Response) -> dict:
+        # A consumer whose handler never returns holds its queue: that is not healthy, whatever else is.
+        stalled = max(orchestrator.control.in_flight.stalled_for(), orchestrator.scoring.in_flight.stalled_for())
+        status = "ok"
+        if stalled > STALLED_AFTER:
+            response.status_code, status = 503, f"stalled: a message has been in hand for {stalled:.0f} s"
+        return {"status": status, "experiments": len(orchestrator.experiments), "workers_alive": len(orchestrator.alive)}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

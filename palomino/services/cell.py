@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from palomino.config import parse_config
+from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid, class_grid_at
@@ -22,13 +23,15 @@ from palomino.runs.loop import unless_set  # loads the engine (torch) now, not w
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus
-from palomino.transport.redis_liveness import RedisLiveness
+from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire import Snapshot
 from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
 from palomino.wire.score import ScoreJob
 
 log = logging.getLogger(__name__)
+
+IDLE_TTL = 5.0  # seconds a heartbeat lasts between assignments (an assignment sets its experiment's)
 HEARTBEAT_PERIOD = 1.0
 REGISTER_PERIOD = 2.0
 
@@ -97,7 +100,7 @@ class CellWorker:
         self._stop = asyncio.Event()
         self._busy = False
         self._current: str | None = None  # the experiment being trained
-        self._ttl = 5.0
+        self._ttl = IDLE_TTL
         self._wake = asyncio.Event()
 
     def request_shutdown(self) -> None:
@@ -107,7 +110,7 @@ class CellWorker:
 
     async def run(self) -> None:
         self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker)).connect()
-        self.liveness = RedisLiveness(self.settings.redis_url)
+        self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         await self.control.listen(self._on_control)
         background = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._registrations())]
         log.info("cell worker %s ready (broker %s)", self.worker, self.settings.broker_url.split("@")[-1])
@@ -172,7 +175,8 @@ class CellWorker:
             log.exception("training %s crashed", experiment)
             await self._report_failure(experiment, f"{type(error).__name__}: {error}")
         finally:
-            self._busy, self._current = False, None
+            # The experiment's settings end with it: an idle worker heartbeats with its own TTL.
+            self._busy, self._current, self._ttl = False, None, IDLE_TTL
 
     async def _report_failure(self, experiment: str, reason: str) -> None:
         try:
@@ -192,6 +196,7 @@ class CellWorker:
         def build() -> tuple[Any, Any, Any]:
             # In a thread: building networks and reading data must not starve the heartbeats.
             config = parse_config(assign.config)
+            check_data_dir(config.data.dir, data_roots(self.settings.data_roots))  # this worker's own roots too
             dataset = load_dataset(config.data, config.seed)
             topology = layout_of(config, Coord(*assign.coord), assign.rows, assign.cols, assign.epoch)
             cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=experiment, device=self.device)

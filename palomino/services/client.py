@@ -13,15 +13,18 @@ FINAL = ("finished", "failed", "stopped")
 
 
 class OrchestratorClient:
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as error:
             raise TransportError(f"cannot reach the orchestrator at {self.url}: {error} (check --orchestrator / PALOMINO_ORCHESTRATOR_URL)") from None
+        if response.status_code == 401:
+            raise PalominoError(f"orchestrator at {self.url}: refused (401): set PALOMINO_ORCHESTRATOR_TOKEN to its token")
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)

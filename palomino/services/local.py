@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -90,6 +91,14 @@ def wait_for_scores(run_dir: Path, targets: int, timeout: float) -> dict[str, An
     return scores
 
 
+def _roots_with(roots: str, directory: str | None) -> str:
+    """PALOMINO_DATA_ROOTS (or the defaults) plus `directory`, for a stack started by its own user."""
+    from palomino.config.data_roots import DEFAULT_ROOTS
+
+    given = [r for r in roots.split(os.pathsep) if r.strip()] or list(DEFAULT_ROOTS)
+    return os.pathsep.join(given + [str(Path(directory).expanduser().resolve())] if directory else given)
+
+
 def run_up(
     config_yaml: str,
     cells: int,
@@ -106,11 +115,18 @@ def run_up(
     logs = Path(out) / ".up-logs" / time.strftime("%Y%m%d-%H%M%S")
     # Its own namespace: another stack on the same broker (another `up`, a deployment) never sees its messages.
     namespace = settings.namespace or f"up-{port}-{os.getpid()}"
-    env = {**os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url, "PALOMINO_NAMESPACE": namespace}
+    # PALOMINO_ORCHESTRATOR_TOKEN when set, else one made for this stack alone: its API is never open.
+    token = settings.token or secrets.token_urlsafe(32)
+    env = {
+        **os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url,
+        "PALOMINO_NAMESPACE": namespace, "PALOMINO_ORCHESTRATOR_TOKEN": token,
+        # Its own experiment's data folder is allowed: the user who runs `up` chose it.
+        "PALOMINO_DATA_ROOTS": _roots_with(settings.data_roots, (yaml.safe_load(config_yaml) or {}).get("data", {}).get("dir")),
+    }  # fmt: skip
     orchestrator = _spawn(["orchestrator", "--runs", str(out), "--port", str(port)], logs / "orchestrator.log", env)
     workers: list[subprocess.Popen] = []
     try:
-        client = OrchestratorClient(url)
+        client = OrchestratorClient(url, token=token)
         deadline = time.monotonic() + 60
         while not client.healthy():
             if orchestrator.poll() is not None:

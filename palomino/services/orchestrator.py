@@ -23,12 +23,12 @@ from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
-from palomino.runs.directory import RunDirectory, finite_json
+from palomino.runs.directory import LineIndex, RunDirectory, finite_json
 from palomino.runs.result import CellResult, grid_components, save_encoded, write_ensemble, write_result
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import forget_published, newest_published
-from palomino.transport.redis_liveness import RedisLiveness
+from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
 from palomino.transport.score_queue import RESULTS_QUEUE, ScoreQueue, score_queue_name
 from palomino.wire import frame
 from palomino.wire.control import Assign, Checkpoint, Done, Failed, Metrics, Register, Resize, Samples, Stop
@@ -38,6 +38,7 @@ from palomino.wire.snapshot import SnapshotHeader
 log = logging.getLogger(__name__)
 State = Literal["waiting", "running", "finished", "failed", "stopped"]
 TICK = 0.5
+MAX_BACKOFF = 5.0  # seconds between liveness queries while Redis refuses them
 BROKER_CALL_TIMEOUT = 10.0  # seconds for a broker call made under the lock
 
 
@@ -96,6 +97,8 @@ class Experiment:
     # worker → the coordinate the last shrink moved it from: its Done may already be on the way
     # from there (it finished as the Resize was sent), and then it is the result of where it went.
     moved_from: dict[str, Coord] = field(default_factory=dict)
+    collecting: bool = False  # every cell is done and result/ is being written
+    metrics_index: LineIndex | None = None  # for the API's metrics pages (made on first use)
 
     @property
     def finished(self) -> bool:
@@ -178,7 +181,7 @@ async def preflight(settings: ServiceSettings) -> None:
 
     connection = await connect(settings.broker_url)
     await connection.close()
-    liveness = RedisLiveness(settings.redis_url)
+    liveness = RedisLiveness(settings.redis_url, liveness_prefix(settings.namespace))
     try:
         await liveness.alive()
     finally:
@@ -201,7 +204,7 @@ class Orchestrator:
         self.runs.mkdir(parents=True, exist_ok=True)
         namespace = self.settings.namespace
         self.control = await ControlChannel(self.settings.broker_url, orchestrator_address(namespace)).connect()
-        self.liveness = RedisLiveness(self.settings.redis_url)
+        self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         await self.control.listen(self._on_control)
         self.scoring = await ScoreQueue(self.settings.broker_url, namespace).connect()
         await self.scoring.follow_results(score_queue_name(namespace, RESULTS_QUEUE), self._on_score)
@@ -300,7 +303,7 @@ class Orchestrator:
         experiment.moved_from.pop(message.worker, None)
         experiment.done[coord] = CellResult(
             str(coord), message.score, message.components, message.weights, payload, message.mixture,
-            base64.b64decode(message.samples_png) if message.samples_png else b"",
+            base64.b64decode(message.samples_png) if message.samples_png else b"", trained_at=str(Coord(*message.coord)),
         )
         if message.worker in self.workers:
             self.workers[message.worker].free()
@@ -308,14 +311,17 @@ class Orchestrator:
 
     async def _maybe_finish(self, experiment: Experiment) -> None:
         """Once every cell of the current layout has reported its result, rank them into result/."""
-        if experiment.state == "running" and set(experiment.done) >= set(experiment.cells):
-            experiment.state = "finished"  # before the await: a concurrent Done must not write result/ again
+        if experiment.state == "running" and not experiment.collecting and set(experiment.done) >= set(experiment.cells):
+            experiment.collecting = True  # before the await: a concurrent Done must not write result/ again
             try:
                 best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
             except (OSError, ValueError) as error:
                 log.exception("experiment %s: the result cannot be written", experiment.id)
                 await self._end(experiment, "failed", f"the result cannot be written: {error}")
                 return
+            if experiment.state != "running":
+                return  # stopped while result/ was being written
+            experiment.state = "finished"  # only now: whoever sees "finished" finds result/ complete
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
             await self._enqueue_scoring(experiment, best)
@@ -355,8 +361,12 @@ class Orchestrator:
         if not config.grid_ensemble:
             return "best", best.description, best.payload, None
         results = list(experiment.done.values())
-        payload, description = await asyncio.to_thread(grid_components, results, experiment.id)
-        await asyncio.to_thread(save_encoded, experiment.run.result_dir / "grid", payload, description)
+        try:
+            payload, description = await asyncio.to_thread(grid_components, results, experiment.id)
+            await asyncio.to_thread(save_encoded, experiment.run.result_dir / "grid", payload, description)
+        except (OSError, ValueError, KeyError) as error:  # the best cell's mixture is still a result
+            log.warning("experiment %s: no grid ensemble (%s); scoring the best cell's mixture", experiment.id, error)
+            return "best", best.description, best.payload, None
         return "best", description, payload, config.model_dump(mode="json")
 
     async def _on_score(self, result: ScoreResult) -> None:
@@ -377,12 +387,13 @@ class Orchestrator:
     # ---- supervision ----------------------------------------------------------------------
 
     async def _supervise(self) -> None:
+        pause = TICK
         while True:
+            known = True
             try:
                 async with self._lock:
-                    if not await self._refresh_liveness():
-                        continue  # liveness unknown: judge nobody, start nothing
-                    for experiment in list(self.experiments.values()):
+                    known = await self._refresh_liveness()
+                    for experiment in list(self.experiments.values()) if known else []:  # unknown: judge nobody
                         if experiment.state == "waiting":
                             await self._try_start(experiment)
                         elif experiment.state == "running":
@@ -391,7 +402,9 @@ class Orchestrator:
                 log.warning("supervision: %s", error)
             except Exception:
                 log.exception("supervision failed; going on")
-            await asyncio.sleep(TICK)
+            # While Redis cannot say who is alive, ask it less and less often (never a busy loop).
+            pause = TICK if known else min(pause * 2, MAX_BACKOFF)
+            await asyncio.sleep(pause)
 
     async def _refresh_liveness(self) -> bool:
         """Update who is alive; False while Redis cannot say."""
@@ -639,8 +652,11 @@ class Orchestrator:
         except PalominoError as error:
             log.warning("event %s not published: %s", kind, error)
 
-    def metrics_since(self, experiment: Experiment, since: int) -> list[dict[str, Any]]:
-        return list(experiment.run.metrics())[since:]
+    def metrics_page(self, experiment: Experiment, since: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
+        """(records since..since+limit, next, total) of metrics.jsonl, read incrementally (call it off the loop)."""
+        if experiment.metrics_index is None:
+            experiment.metrics_index = LineIndex(experiment.run.metrics_path)
+        return experiment.metrics_index.page(since, limit)
 
     def get(self, experiment_id: str) -> Experiment | None:
         return self.experiments.get(experiment_id)

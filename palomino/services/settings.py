@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from palomino.services.auth import check_token
 
 
 class ServiceSettings(BaseSettings):
@@ -15,6 +17,21 @@ class ServiceSettings(BaseSettings):
     # Several stacks on one broker (e.g. two `palomino up` at once) keep apart by namespace:
     # each has its own orchestrator queue and score queue. Empty: the shared default names.
     namespace: str = Field("", pattern=r"^[A-Za-z0-9_-]{0,64}$")  # no dots: queue names stay unambiguous
+    # Folders (os.pathsep-separated) a submitted experiment's data.dir may be in; empty: the usual ones.
+    data_roots: str = ""
+    # The orchestrator API's bearer token: the orchestrator requires it, its clients send it.
+    orchestrator_token: SecretStr | None = None
+
+    @field_validator("orchestrator_token")
+    @classmethod
+    def _token(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is None or not token.get_secret_value().strip():
+            return None
+        return SecretStr(check_token(token.get_secret_value(), "PALOMINO_ORCHESTRATOR_TOKEN"))
+
+    @property
+    def token(self) -> str | None:
+        return self.orchestrator_token.get_secret_value() if self.orchestrator_token else None
 
     def with_flags(self, **flags: str | None) -> ServiceSettings:
         return self.model_copy(update={k: v for k, v in flags.items() if v})

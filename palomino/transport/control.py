@@ -14,8 +14,7 @@ from typing import Any, Awaitable, Callable
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from palomino.errors import SnapshotError
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, publish_with_retry
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, connect, declare_dead_letters, describe_rejection, publish_with_retry
 from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)
@@ -41,6 +40,7 @@ class ControlChannel:
     def __init__(self, url: str, address: str, *, publish_timeout: float = 120.0) -> None:
         self.url, self.address, self.publish_timeout = url, address, publish_timeout
         self.rejected = 0
+        self.in_flight = InFlight()
         self._connection = None
 
     async def connect(self) -> ControlChannel:
@@ -66,20 +66,21 @@ class ControlChannel:
         """Deliver every valid message to `handler`; ack after it returns (so a crash redelivers)."""
 
         async def on_message(message: AbstractIncomingMessage) -> None:
-            try:
-                decoded, payload = decode_control(message.body, max_bytes=CONTROL_MAX_BYTES)
-            except SnapshotError as error:
-                self.rejected += 1
-                log.warning("dead-lettering a control message to %s: %s", self.address, error)
-                await message.reject(requeue=False)
-                return
-            try:
-                await handler(decoded, payload)
-            except Exception:  # a handler bug must not kill the consumer: log, dead-letter, go on
-                log.exception("handling %s failed; dead-lettering it", decoded.kind)
-                await message.reject(requeue=False)
-                return
-            await message.ack()
+            with self.in_flight:
+                try:
+                    decoded, payload = decode_control(message.body, max_bytes=CONTROL_MAX_BYTES)
+                except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError): reject it
+                    self.rejected += 1
+                    log.warning("dead-lettering a control message to %s: %s", self.address, describe_rejection(error))
+                    await message.reject(requeue=False)
+                    return
+                try:
+                    await handler(decoded, payload)
+                except Exception:  # a handler bug must not kill the consumer: log, dead-letter, go on
+                    log.exception("handling %s failed; dead-lettering it", decoded.kind)
+                    await message.reject(requeue=False)
+                    return
+                await message.ack()
 
         await self._queue.consume(on_message)
 

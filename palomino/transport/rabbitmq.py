@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import Callable, Iterable
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
@@ -23,6 +23,7 @@ from aiormq.exceptions import AMQPError
 from palomino.errors import SnapshotError, TransportError
 from palomino.grid import Coord
 from palomino.transport.store import SnapshotStore
+from palomino.transport.urls import redact
 from palomino.wire import DEFAULT_MAX_BYTES, Snapshot, decode_snapshot, encode_snapshot
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,29 @@ async def forget_published(channel: AbstractChannel, experiment: str, coord: Coo
     await channel.queue_delete(last_value_queue(experiment, coord))
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+class InFlight:
+    """When each message now being handled began: a handler that never returns shows here (and
+    the service's /healthz fails) instead of silently holding the consumer's prefetch window."""
+
+    def __init__(self) -> None:
+        self._started: list[float] = []
+
+    def __enter__(self) -> None:
+        self._started.append(time.monotonic())
+
+    def __exit__(self, *exc: object) -> None:
+        self._started.pop(0)
+
+    def stalled_for(self) -> float:
+        """Seconds the oldest message in hand has been handled (0 when none is)."""
+        return time.monotonic() - self._started[0] if self._started else 0.0
+
+
+def describe_rejection(error: BaseException) -> str:
+    """A rejected body's reason for the log: the decoder's own message, else the exception's type."""
+    if isinstance(error, SnapshotError):
+        return str(error)
+    return f"the decoder raised {type(error).__name__}: {str(error)[:200]}"
 
 
 async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
@@ -192,7 +209,12 @@ class RabbitSnapshotBus:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         try:
-            snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
+            try:
+                snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
+            except SnapshotError:
+                raise
+            except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError)
+                raise SnapshotError(describe_rejection(error)) from None
             if snapshot.header.experiment != self.experiment:
                 raise SnapshotError(f"snapshot of experiment {snapshot.header.experiment!r}, expected {self.experiment!r}")
             if Coord(*snapshot.header.cell) not in self._bound:

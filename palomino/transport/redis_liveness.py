@@ -1,4 +1,4 @@
-"""Liveness over Redis (redis.asyncio): `palomino:worker:<id>` keys that expire unless refreshed."""
+"""Liveness over Redis (redis.asyncio): `palomino:[<namespace>:]worker:<id>` keys that expire unless refreshed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from palomino.errors import TransportError
-from palomino.transport.rabbitmq import redact
+from palomino.transport.urls import redact
 
 PREFIX = "palomino:worker:"
+
+
+def liveness_prefix(namespace: str = "") -> str:
+    """Stacks sharing a Redis see only their own workers (as on the broker, by namespace)."""
+    return f"palomino:{namespace}:worker:" if namespace else PREFIX
 
 
 class RedisLiveness:

@@ -13,9 +13,8 @@ from typing import Awaitable, Callable
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from palomino.errors import SnapshotError
 from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, publish_with_retry
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, connect, declare_dead_letters, describe_rejection, publish_with_retry
 from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
 
 log = logging.getLogger(__name__)
@@ -42,6 +41,7 @@ class ScoreQueue:
         if namespace:
             self._arguments["x-expires"] = NAMESPACED_EXPIRY_MS
         self.rejected = 0
+        self.in_flight = InFlight()  # results being stored (a scorer's own jobs run for minutes)
         self._connection = None
 
     async def connect(self) -> ScoreQueue:
@@ -73,9 +73,9 @@ class ScoreQueue:
         async def on_message(message: AbstractIncomingMessage) -> None:
             try:
                 job, payload = decode_job(message.body, max_bytes=self.max_bytes)
-            except SnapshotError as error:
+            except Exception as error:  # noqa: BLE001 — whatever the body does: reject it, go on
                 self.rejected += 1
-                log.warning("dead-lettering a score job: %s", error)
+                log.warning("dead-lettering a score job: %s", describe_rejection(error))
                 await message.reject(requeue=False)
                 return
             try:
@@ -102,10 +102,15 @@ class ScoreQueue:
         await queue.bind(self._events, routing_key=result_key(experiments))
 
         async def on_message(message: AbstractIncomingMessage) -> None:
+            with self.in_flight:
+                await on_result(message)
+
+        async def on_result(message: AbstractIncomingMessage) -> None:
             try:
                 result = decode_result(message.body)
-            except SnapshotError as error:
-                log.warning("dead-lettering a score result: %s", error)
+            except Exception as error:  # noqa: BLE001 — whatever the body does: reject it, go on
+                self.rejected += 1
+                log.warning("dead-lettering a score result: %s", describe_rejection(error))
                 await message.reject(requeue=False)
                 return
             try:

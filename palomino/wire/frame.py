@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from typing import Any, Callable, TypeVar
 
@@ -21,6 +22,40 @@ T = TypeVar("T")
 
 LENGTH = struct.Struct("<Q")
 MAX_HEADER = 1024 * 1024
+MAX_DEPTH = 64  # far above any real header (a config nests 4 deep); json recurses once per level
+
+# A JSON string (possessive: no backtracking), a bracket, or a quote that opens no complete string.
+_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}]|"', re.S)
+
+
+def json_depth_ok(data: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether `data` nests no deeper than `limit` (brackets inside strings do not count).
+    Linear in len(data), and it stops at the first level too deep."""
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return True
+    depth = 0
+    for token in _TOKEN.finditer(data):
+        char = token.group()
+        if char in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return False
+        elif char in (b"]", b"}"):
+            depth -= 1
+        elif char == b'"':
+            return True  # an unterminated string: json.loads refuses it at once
+    return True
+
+
+def load_json(data: bytes | str, what: str, **options: Any) -> Any:
+    """json.loads for bytes off the network: depth-bounded first, and every failure a SnapshotError."""
+    raw = data.encode() if isinstance(data, str) else data
+    if not json_depth_ok(raw):
+        raise SnapshotError(f"{what} is invalid: JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(raw, **options)
+    except (ValueError, RecursionError, MemoryError) as error:  # not JSON (JSONDecodeError, UnicodeDecodeError)
+        raise SnapshotError(f"{what} is invalid: not JSON ({type(error).__name__}: {str(error)[:200]})") from None
 
 
 def pack(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -37,10 +72,7 @@ def unpack(body: bytes, *, max_bytes: int, what: str = "message") -> tuple[dict[
     (length,) = LENGTH.unpack_from(body)
     if length > min(MAX_HEADER, len(body) - LENGTH.size):
         raise SnapshotError(f"{what} header length {length} is impossible for a {len(body)}-byte body")
-    try:
-        header = json.loads(body[LENGTH.size : LENGTH.size + length])
-    except ValueError as error:  # not JSON (json.JSONDecodeError, UnicodeDecodeError)
-        raise SnapshotError(f"{what} header is invalid: not JSON ({error})") from None
+    header = load_json(body[LENGTH.size : LENGTH.size + length], f"{what} header")
     if not isinstance(header, dict):
         raise SnapshotError(f"{what} header is invalid: not a JSON object")
     for field, kind in (("payload_bytes", int), ("checksum", str)):

@@ -61,8 +61,11 @@ def decode_job(body: bytes, *, max_bytes: int = SCORE_JOB_MAX_BYTES) -> tuple[Sc
     return frame.unpack_message(body, ScoreJob.model_validate, max_bytes=max_bytes, what="score job")
 
 
-def decode_result(body: bytes) -> ScoreResult:
+def decode_result(body: bytes, *, max_bytes: int = SCORE_JOB_MAX_BYTES) -> ScoreResult:
+    if len(body) > max_bytes:
+        raise SnapshotError(f"score result of {len(body)} bytes exceeds the limit of {max_bytes} bytes")
+    data = frame.load_json(body, "score result")
     try:
-        return ScoreResult.model_validate_json(body)
+        return ScoreResult.model_validate(data)
     except ValidationError as error:
         raise SnapshotError(f"score result is invalid: {describe_validation(error)}") from None

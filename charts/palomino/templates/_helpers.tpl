@@ -42,6 +42,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
       key: redis-url
 - name: PALOMINO_ORCHESTRATOR_URL
   value: {{ printf "http://%s-orchestrator:%v" (include "palomino.fullname" .) .Values.orchestrator.port | quote }}
+- name: PALOMINO_DATA_ROOTS  # a submitted data.dir must be in the datasets volume
+  value: /data/datasets
+{{- end -}}
+
+{{/* The orchestrator's API token: for the orchestrator and its clients (dashboard, experiment job) only. */}}
+{{- define "palomino.tokenEnv" -}}
+- name: PALOMINO_ORCHESTRATOR_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "palomino.secret" . }}
+      key: orchestrator-token
 {{- end -}}
 
 {{- define "palomino.podSpecCommon" -}}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Protocol, Sequence
@@ -14,6 +13,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 
+from palomino.services.auth import bearer_guard
 from palomino.services.dashboard.events import EventHub
 from palomino.services.dashboard.history import History, SourceUnavailable
 from palomino.services.dashboard.runfiles import valid_cell, valid_experiment_id
@@ -76,16 +76,7 @@ def create_app(
     async def unavailable(request: Request, error: SourceUnavailable) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=503)
 
-    def authorised(request: Request) -> None:
-        if token is None:
-            return
-        header = request.headers.get("authorization", "")
-        # EventSource and <img> cannot send headers: they pass the token as ?access_token=.
-        supplied = header[7:].strip() if header.lower().startswith("bearer ") else request.query_params.get("access_token", "")
-        if not secrets.compare_digest(supplied.encode(), token.encode()):
-            raise HTTPException(401, "missing or wrong token: send 'Authorization: Bearer <PALOMINO_DASHBOARD_TOKEN>'", headers={"WWW-Authenticate": "Bearer"})
-
-    api = APIRouter(prefix="/api", dependencies=[Depends(authorised)])
+    api = APIRouter(prefix="/api", dependencies=[Depends(bearer_guard(token, "PALOMINO_DASHBOARD_TOKEN", query=True))])
 
     async def known(experiment: str) -> dict[str, Any]:
         summary = await history.experiment(experiment) if valid_experiment_id(experiment) else None

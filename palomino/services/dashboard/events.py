@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from palomino.services.dashboard.runfiles import EXPERIMENT_ID
+from palomino.wire.frame import MAX_DEPTH, json_depth_ok
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,12 @@ def parse_event(body: bytes, routing_key: str | None = None) -> dict[str, Any]:
     """The event in `body`, checked; MalformedEvent says what is wrong with it."""
     if len(body) > MAX_EVENT_BYTES:
         raise MalformedEvent(f"{len(body)} bytes (limit {MAX_EVENT_BYTES})")
+    if not json_depth_ok(body):
+        raise MalformedEvent(f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         data = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MalformedEvent(f"not JSON: {error}") from None
+    except (ValueError, RecursionError, MemoryError) as error:  # JSONDecodeError, UnicodeDecodeError
+        raise MalformedEvent(f"not JSON: {type(error).__name__}: {str(error)[:200]}") from None
     if not isinstance(data, dict):
         raise MalformedEvent(f"a JSON {type(data).__name__}, not an object")
     try:

@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event, valid_record
 from palomino.services.dashboard.runfiles import RunsFolder
 from palomino.transport.control import EVENTS_EXCHANGE
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, redact
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, describe_rejection, redact
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ class BrokerFeed:
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         try:
             event = parse_event(message.body, message.routing_key)
-        except MalformedEvent as error:
+        except Exception as error:  # noqa: BLE001 — MalformedEvent, or whatever else a body makes the parser raise
             self.rejected += 1
-            log.warning("dead-lettering an event (key %r): %s", message.routing_key, error)
+            log.warning("dead-lettering an event (key %r): %s", message.routing_key, error if isinstance(error, MalformedEvent) else describe_rejection(error))
             await message.reject(requeue=False)
             return
         self.received += 1

@@ -95,9 +95,10 @@ class OrchestratorHistory:
 
     name = "orchestrator"
 
-    def __init__(self, url: str, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None, token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
 
     async def _get(self, path: str, **params: Any) -> httpx.Response | None:
         try:
@@ -106,6 +107,8 @@ class OrchestratorHistory:
             raise SourceUnavailable(f"cannot reach the orchestrator at {self.url}: {error or type(error).__name__}") from None
         if response.status_code == 404:
             return None
+        if response.status_code == 401:
+            raise SourceUnavailable(f"the orchestrator at {self.url} refused the dashboard (401): set PALOMINO_ORCHESTRATOR_TOKEN to its token")
         if response.status_code >= 400:
             raise SourceUnavailable(f"the orchestrator at {self.url} answered {response.status_code} to GET {path}")
         return response
@@ -137,12 +140,12 @@ class OrchestratorHistory:
         return self._tag(await self._json(f"/experiments/{experiment}"))
 
     async def metrics(self, experiment: str, since: int, limit: int) -> dict[str, Any] | None:
-        page = await self._json(f"/experiments/{experiment}/metrics", since=since)
+        page = await self._json(f"/experiments/{experiment}/metrics", since=since, limit=min(limit, 10_000))
         if page is None:
             return None
-        records = page.get("records", [])
-        total = since + len(records)
-        return {"since": since, "next": min(total, since + limit), "total": total, "records": records[:limit]}
+        records = page.get("records", [])[:limit]
+        following = page.get("next", since + len(records)) if len(page.get("records", [])) <= limit else since + len(records)
+        return {"since": since, "next": following, "total": page.get("total", following), "records": records}
 
     async def layouts(self, experiment: str) -> list[dict[str, Any]] | None:
         found = await self._json(f"/experiments/{experiment}/topology")

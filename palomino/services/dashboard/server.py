@@ -28,7 +28,8 @@ def build_app(settings: DashboardSettings) -> FastAPI:
     hub = EventHub()
     sources, feeds = [], []
     if settings.orchestrator_url:
-        sources.append(OrchestratorHistory(settings.orchestrator_url))
+        token = settings.orchestrator_token.get_secret_value() if settings.orchestrator_token else None
+        sources.append(OrchestratorHistory(settings.orchestrator_url, token=token))
     if settings.dashboard_runs is not None:
         folder = RunsFolder(settings.dashboard_runs)
         sources.append(RunsHistory(folder))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from palomino.errors import ConfigError
+from palomino.services.auth import check_token
 
 DEFAULT_RUNS = Path("runs")
 
@@ -23,6 +24,7 @@ class DashboardSettings(BaseSettings):
     broker_url: str | None = None  # live events from `palomino.events`
     dashboard_runs: Path | None = None  # history from run directories (finished, embedded, or the orchestrator's)
     dashboard_token: SecretStr | None = None  # when set, every /api call needs `Authorization: Bearer <token>`
+    orchestrator_token: SecretStr | None = None  # what the orchestrator's API wants from its clients
     dashboard_origins: list[str] = Field(default_factory=list)  # CORS: exact origins, never "*"
     dashboard_poll_seconds: float = Field(0.5, gt=0, le=60)  # how often run directories are looked at
 
@@ -40,10 +42,12 @@ class DashboardSettings(BaseSettings):
             raise ValueError("not an amqp(s) URL (e.g. amqp://guest:guest@127.0.0.1:5672/)")
         return url or None
 
-    @field_validator("dashboard_token")
+    @field_validator("dashboard_token", "orchestrator_token")
     @classmethod
-    def _token(cls, token: SecretStr | None) -> SecretStr | None:
-        return token if token and token.get_secret_value().strip() else None
+    def _token(cls, token: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if token is None or not token.get_secret_value().strip():
+            return None
+        return SecretStr(check_token(token.get_secret_value(), "PALOMINO_" + str(info.field_name).upper()))
 
     @field_validator("dashboard_origins")
     @classmethod

@@ -1,0 +1,95 @@
+"""The orchestrator's API as an attacker meets it (issue 13): the real app, its lifespan on this
+machine's RabbitMQ and Redis, a namespace of its own."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from conftest import palomino, tiny
+from palomino.services.api import MAX_CONFIG_BYTES, create_app
+from palomino.services.settings import ServiceSettings
+
+TOKEN = secrets.token_hex(16)
+
+
+@pytest.fixture
+def orchestrator(tmp_path: Path):
+    roots = tmp_path / "datasets"
+    (roots / "mine").mkdir(parents=True)
+    settings = ServiceSettings(namespace=f"sec-{secrets.token_hex(4)}", orchestrator_token=TOKEN, data_roots=str(roots))
+    with TestClient(create_app(settings, tmp_path / "runs")) as client:
+        yield client
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def body(**changes) -> bytes:
+    return yaml.safe_dump(tiny(**changes)).encode()
+
+
+def test_the_api_needs_the_token_except_health_and_metrics(orchestrator: TestClient) -> None:
+    for method, path in (("POST", "/experiments"), ("GET", "/experiments"), ("GET", "/experiments/x"), ("DELETE", "/experiments/x"),
+                         ("GET", "/experiments/x/metrics"), ("GET", "/experiments/x/samples/real.png")):  # fmt: skip
+        for headers in ({}, auth("wrong-" + TOKEN), {"Authorization": TOKEN}):
+            reply = orchestrator.request(method, path, headers=headers, content=body() if method == "POST" else None)
+            assert reply.status_code == 401, (method, path, headers, reply.text)
+            assert reply.headers["www-authenticate"] == "Bearer" and "PALOMINO_ORCHESTRATOR_TOKEN" in reply.json()["detail"]
+    assert orchestrator.get("/healthz").status_code == 200 and orchestrator.get("/metrics").status_code == 200
+    created = orchestrator.post("/experiments", content=body(), headers=auth())
+    assert created.status_code == 201, created.text
+    assert orchestrator.get(f"/experiments/{created.json()['id']}", headers=auth()).json()["state"] == "waiting"
+
+
+def test_data_outside_the_roots_is_refused_alike_whether_it_exists_or_not(orchestrator: TestClient, tmp_path: Path) -> None:
+    (tmp_path / "secret-photos").mkdir()
+    replies = []
+    for folder in (tmp_path / "secret-photos", tmp_path / "no-such-folder", tmp_path / "datasets" / "mine" / ".." / ".." / "secret-photos", Path("/etc")):
+        reply = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder)}), headers=auth())
+        assert reply.status_code == 422 and "data.dir" in reply.json()["detail"] and "PALOMINO_DATA_ROOTS" in reply.json()["detail"]
+        replies.append(reply.json()["detail"].replace(str(folder), "PATH"))
+    assert len(set(replies)) == 1, replies  # nothing tells which folders exist
+    inside = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(tmp_path / "datasets" / "mine")}), headers=auth())
+    assert inside.status_code == 201, inside.text
+
+
+def test_oversized_and_alias_bomb_bodies_are_refused_and_health_still_answers(orchestrator: TestClient) -> None:
+    big = b"name: x\n" + b"#" * (MAX_CONFIG_BYTES + 1)
+    started = time.monotonic()
+    assert orchestrator.post("/experiments", content=big, headers=auth()).status_code == 413
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(12))
+    reply = orchestrator.post("/experiments", content=bomb.encode(), headers=auth())
+    assert reply.status_code == 422 and "aliases" in reply.json()["detail"]
+    assert orchestrator.get("/healthz").status_code == 200
+    assert time.monotonic() - started < 60  # generous: the point is that it returns at all
+
+
+def test_a_stalled_consumer_fails_healthz(orchestrator: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    import palomino.services.api as api
+
+    monkeypatch.setattr(api, "STALLED_AFTER", 0.05)
+    app_orchestrator = orchestrator.app.state.orchestrator
+    with app_orchestrator.control.in_flight:  # a control message whose handler has not returned
+        time.sleep(0.1)
+        reply = orchestrator.get("/healthz")
+        assert reply.status_code == 503 and "stalled" in reply.json()["status"]
+    assert orchestrator.get("/healthz").status_code == 200
+
+
+def test_the_orchestrator_refuses_a_network_address_without_a_token(tmp_path: Path) -> None:
+    done = palomino("orchestrator", "--host", "0.0.0.0", "--port", "0", "--runs", str(tmp_path), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("token", ["change-me-orchestrator-token", "short"])
+def test_placeholder_and_short_tokens_are_refused(tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PALOMINO_ORCHESTRATOR_TOKEN", token)
+    done = palomino("status", "some-experiment", cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr and token not in done.stderr
