@@ -63,14 +63,17 @@ class Stack:
         return process
 
     def start(self, cells: int) -> None:
-        self.spawn("orchestrator", "orchestrator", "--runs", str(self.runs), "--port", str(self.port))
-        deadline = time.monotonic() + 60
-        while not self.client.healthy():
-            assert time.monotonic() < deadline, self.log("orchestrator")
-            time.sleep(0.3)
+        self.start_orchestrator()
         self.worker_prefix = f"t{self.port}"
         for i in range(cells):
             self.spawn(f"cell-{i}", "cell", "--worker-id", f"{self.worker_prefix}-{i}")
+
+    def start_orchestrator(self, log: str = "orchestrator") -> None:
+        self.spawn(log, "orchestrator", "--runs", str(self.runs), "--port", str(self.port))
+        deadline = time.monotonic() + 60
+        while not self.client.healthy():
+            assert time.monotonic() < deadline, self.log(log)
+            time.sleep(0.3)
 
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text(errors="replace")
@@ -169,6 +172,24 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     assert restarted and restarted.group(2) == "snapshot" and int(restarted.group(1)) > 0, stack.log("orchestrator")[-2000:]
     print(f"[fault] replace: killed {victim} at {victim_cell} after {summary['records']} records; a spare took over in "
           f"{detected:.1f} s (TTL 3 s), restored from the snapshot of iteration {restarted.group(1)}; epochs {[t['epoch'] for t in topology]}")
+
+
+def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Stack) -> None:
+    # Its experiments lived only in memory: after kill -9 the experiment answered 404 and never ended.
+    stack.start(cells=4)
+    experiment = stack.client.submit(config(stack.tmp_path))["id"]
+    before = wait_for_records(stack, experiment, 6)
+    assert before["state"] == "running"
+    stack.processes["orchestrator"].send_signal(signal.SIGKILL)
+    stack.processes["orchestrator"].wait()
+    time.sleep(2)  # the cells train on, and their Metrics and Done wait in the durable queue
+    stack.start_orchestrator("orchestrator-2")
+    again = stack.client.experiment(experiment)
+    assert again["state"] == "running" and again["cells"] == before["cells"], again
+    final = stack.client.wait(experiment, timeout=240)
+    assert final["state"] == "finished" and final["failures"] == [], final
+    check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
+    assert "re-adopted" in stack.log("orchestrator-2")
 
 
 def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:

@@ -136,3 +136,62 @@ def test_a_result_moved_by_a_shrink_still_gives_its_own_generator_to_the_grid_en
     tensors = load(payload)
     assert description["components"] == ["0-0", "0-2"]
     assert tensors["component.0.w"].tolist() == [10.0, 10.0] and tensors["component.1.w"].tolist() == [20.0, 20.0]
+
+
+def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scratch(tmp_path: Path) -> None:
+    # It failed the whole experiment: a forged or wrong-architecture checkpoint (valid checksum).
+    from palomino.runs.checkpoints import write_checkpoint_bytes
+    from palomino.wire.control import Assign, Failed
+
+    orchestrator, experiment = running_2x2(tmp_path)
+
+    async def nothing_published(experiment: Experiment, coord: Coord) -> None:
+        return None
+
+    orchestrator._newest_published = nothing_published
+    folder = experiment.run.checkpoint_dir(Coord(0, 1))
+    for iteration in (2, 4):
+        write_checkpoint_bytes(folder, iteration, b"state at %d" % iteration, {"iteration": iteration, "epoch": 0}, 3)
+
+    def last_assign() -> Assign:
+        return [m for _, m in orchestrator.control.sent if isinstance(m, Assign)][-1]
+
+    async def go() -> list[int | None]:
+        restored = []
+        await orchestrator._assign(experiment, Coord(0, 1), "w1", restore=True)
+        restored.append((last_assign().restore_meta or {}).get("iteration"))
+        for _ in range(2):
+            failed = Failed(experiment="race-1", worker="w1", reason="w1: does not load", restore_failed=True)
+            await orchestrator._on_control(failed, b"")
+            restored.append((last_assign().restore_meta or {}).get("iteration"))
+        assert experiment.state == "running"
+        await orchestrator._on_control(Failed(experiment="race-1", worker="w1", reason="w1: from scratch too", restore_failed=True), b"")
+        return restored
+
+    assert asyncio.run(go()) == [4, 2, None]  # newest, the previous, then scratch …
+    assert experiment.state == "failed"  # … and only when nothing loads does the experiment fail
+
+
+def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: Path) -> None:
+    from palomino.wire.control import Checkpoint, Metrics, Samples
+
+    orchestrator, experiment = running_2x2(tmp_path)
+    forged = [
+        Metrics(experiment="race-1", worker="w0", record={"cell": [-1, -1], "iteration": 0}),
+        Metrics(experiment="race-1", worker="w0", record={"cell": [0, 0], "iteration": 10**9}),
+        Metrics(experiment="race-1", worker="w0", record={"iteration": 0}),
+        Samples(experiment="race-1", worker="w0", coord=(5000, 5000), iteration=1),
+        Samples(experiment="race-1", worker="intruder", coord=(0, 0), iteration=0, real=True),
+        Checkpoint(experiment="race-1", worker="w0", coord=(-1, -1), iteration=1, meta={}),
+        Checkpoint(experiment="race-1", worker="w1", coord=(0, 0), iteration=1, meta={}),  # w1 does not hold 0-0
+    ]
+
+    async def go() -> None:
+        for message in forged:
+            await orchestrator._on_control(message, b"\x89PNG")
+        await orchestrator._on_control(Metrics(experiment="race-1", worker="w0", record={"cell": [0, 0], "iteration": 0}), b"")
+
+    asyncio.run(go())
+    assert orchestrator.counters["untrusted_messages"] == len(forged)
+    assert [r["cell"] for r in experiment.run.metrics()] == [[0, 0]]
+    assert not (experiment.run.path / "checkpoints").exists() and not experiment.run.real_samples_path.exists()

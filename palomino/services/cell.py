@@ -31,6 +31,10 @@ from palomino.wire.score import ScoreJob
 
 log = logging.getLogger(__name__)
 
+class RestoreError(PalominoError):
+    """The checkpoint or snapshot an Assign carried does not load into this cell."""
+
+
 IDLE_TTL = 5.0  # seconds a heartbeat lasts between assignments (an assignment sets its experiment's)
 HEARTBEAT_PERIOD = 1.0
 REGISTER_PERIOD = 2.0
@@ -50,19 +54,19 @@ class ControlRecorder:
         from palomino.runs.images import progress_png
 
         png = progress_png(samples, self.kind, self.modes)
-        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, coord=tuple(coord), iteration=iteration), png)
+        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration), png)
 
     async def real_samples(self, coord: Coord, dataset: Any, seed: int) -> None:
         from palomino.runs.images import real_png
 
         png = await asyncio.to_thread(real_png, dataset, 64, seed)
-        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, coord=tuple(coord), iteration=0, real=True), png)
+        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=0, real=True), png)
 
     async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
         from palomino.runs.checkpoints import encode_tensors
 
         payload = await asyncio.to_thread(encode_tensors, tensors)
-        message = Checkpoint(experiment=self.experiment, coord=tuple(coord), iteration=iteration, meta=meta)
+        message = Checkpoint(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration, meta=meta)
         await self.control.send(self.orchestrator, message, payload)
 
 
@@ -168,6 +172,9 @@ class CellWorker:
         experiment = assign.experiment
         try:
             await self._run_assignment(assign, payload)
+        except RestoreError as error:  # the orchestrator falls back to an older checkpoint or snapshot
+            log.error("training %s: %s", experiment, error)
+            await self._report_failure(experiment, str(error), restore_failed=True)
         except PalominoError as error:
             log.error("training %s failed: %s", experiment, error)
             await self._report_failure(experiment, str(error))
@@ -178,9 +185,10 @@ class CellWorker:
             # The experiment's settings end with it: an idle worker heartbeats with its own TTL.
             self._busy, self._current, self._ttl = False, None, IDLE_TTL
 
-    async def _report_failure(self, experiment: str, reason: str) -> None:
+    async def _report_failure(self, experiment: str, reason: str, restore_failed: bool = False) -> None:
         try:
-            await self.control.send(self.orchestrator, Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {reason}"))
+            failed = Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {reason}", restore_failed=restore_failed)
+            await self.control.send(self.orchestrator, failed)
         except PalominoError as error:
             log.warning("could not report the failure: %s", error)
 
@@ -200,16 +208,19 @@ class CellWorker:
             dataset = load_dataset(config.data, config.seed)
             topology = layout_of(config, Coord(*assign.coord), assign.rows, assign.cols, assign.epoch)
             cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=experiment, device=self.device)
-            if payload and (assign.restore_meta or {}).get("from") == "snapshot":
-                # Newer than any checkpoint: the individuals as the dead cell last published them.
-                cell.adopt(decode_snapshot(payload, max_bytes=config.distributed.max_snapshot_bytes))
-            elif payload:
-                cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
+            try:
+                if payload and (assign.restore_meta or {}).get("from") == "snapshot":
+                    # Newer than any checkpoint: the individuals as the dead cell last published them.
+                    cell.adopt(decode_snapshot(payload, max_bytes=config.distributed.max_snapshot_bytes))
+                elif payload:
+                    cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
+            except (ValueError, KeyError, RuntimeError, PalominoError) as error:  # does not load, or does not fit
+                raise RestoreError(f"cell {tuple(assign.coord)}: the assigned {(assign.restore_meta or {}).get('from', 'checkpoint')} does not load: {error}") from None
             return config, dataset, cell
 
         try:
             config, dataset, cell = await asyncio.to_thread(build)
-        except (ValueError, KeyError) as error:  # a checkpoint that does not fit
+        except (ValueError, KeyError) as error:  # a config or dataset that does not fit
             raise PalominoError(f"cannot set up cell {tuple(assign.coord)}: {error}") from None
         self._ttl = config.distributed.heartbeat_ttl
         log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, experiment, assign.rows, assign.cols, assign.epoch, cell.iteration)

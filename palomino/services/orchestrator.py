@@ -20,11 +20,12 @@ from aiormq.exceptions import AMQPError
 
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
-from palomino.grid import Coord, Topology, rectangle, relayout
+from palomino.grid import Coord, Topology, parse_coord, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
 from palomino.runs.directory import LineIndex, RunDirectory, finite_json
 from palomino.runs.result import CellResult, grid_components, save_encoded, write_ensemble, write_result
+from palomino.services.experiment_store import read_collected, read_states, write_collected, write_state
 from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import forget_published, newest_published
@@ -97,6 +98,9 @@ class Experiment:
     # worker → the coordinate the last shrink moved it from: its Done may already be on the way
     # from there (it finished as the Resize was sent), and then it is the result of where it went.
     moved_from: dict[str, Coord] = field(default_factory=dict)
+    # Restoring a coordinate: which saved state went out last, and which did not load in a cell.
+    restoring: dict[Coord, tuple[str, int]] = field(default_factory=dict)
+    unusable: dict[Coord, set[tuple[str, int]]] = field(default_factory=dict)
     collecting: bool = False  # every cell is done and result/ is being written
     metrics_index: LineIndex | None = None  # for the API's metrics pages (made on first use)
 
@@ -135,6 +139,45 @@ class Experiment:
         assert self.topology is not None
         classes = self.partition.describe() if self.partition else None
         self.run.append_topology(self.topology, {str(c): w for c, w in self.cells.items()}, classes)
+        self.persist()
+
+    def persist(self) -> None:
+        """orchestrator.json in the run directory: what a restarted orchestrator re-adopts."""
+        topology = self.topology
+        state = {
+            "state": self.state, "reason": self.reason, "partitioned": self.partition is not None,
+            "topology": None if topology is None else {"rows": topology.rows, "cols": topology.cols, "kind": topology.kind, "epoch": topology.epoch},
+            "cells": {str(c): w for c, w in sorted(self.cells.items())},
+            "done": sorted(str(c) for c in self.done),
+            "failures": self.failures,
+            "laid_out": sorted(str(c) for c in self.laid_out),
+            "history_since": {str(c): e for c, e in self.history_since.items()},
+        }  # fmt: skip
+        try:
+            write_state(self.run.path, state)
+        except OSError as error:
+            log.error("experiment %s: its state cannot be saved (%s); a restart would lose it", self.id, error)
+
+    @classmethod
+    def readopt(cls, run_dir: Path, saved: dict[str, Any]) -> Experiment:
+        """The experiment as a killed orchestrator left it (ValueError, OSError, KeyError: not re-adoptable)."""
+        run = RunDirectory(run_dir)
+        experiment = cls(run.experiment, run.load_config(), run, state=saved["state"], reason=saved.get("reason", ""))
+        if saved.get("topology"):
+            t = saved["topology"]
+            experiment.topology = Topology(int(t["rows"]), int(t["cols"]), t["kind"], epoch=int(t["epoch"]))
+        experiment.cells = {parse_coord(c): str(w) for c, w in saved.get("cells", {}).items()}
+        experiment.failures = list(saved.get("failures", []))
+        experiment.laid_out = {parse_coord(c) for c in saved.get("laid_out", [])}
+        experiment.history_since = {parse_coord(c): int(e) for c, e in saved.get("history_since", {}).items()}
+        collected = read_collected(run.path, list(saved.get("done", [])))
+        experiment.done = {parse_coord(c): result for c, result in collected.items()}
+        experiment.recorded = {("-".join(map(str, r["cell"])), int(r["iteration"])) for r in run.metrics() if "cell" in r and "iteration" in r}
+        if experiment.state == "running" and saved.get("partitioned"):
+            # Its class sub-grids are not saved yet: end it clearly rather than guess a layout.
+            experiment.state, experiment.reason = "failed", "the orchestrator restarted; partitioned runs are not re-adopted (checkpoints kept)"
+            experiment.persist()
+        return experiment
 
 
 def class_layout(config: ExperimentConfig, workers: int) -> Partition | None:
@@ -194,7 +237,7 @@ class Orchestrator:
         self.experiments: dict[str, Experiment] = {}
         self.workers: dict[str, Worker] = {}
         self.alive: set[str] = set()
-        self.counters = {"control_messages": 0, "metrics_records": 0, "failures_handled": 0}
+        self.counters = {"control_messages": 0, "metrics_records": 0, "failures_handled": 0, "untrusted_messages": 0}
         self._redis_ok = True
         self._lock = asyncio.Lock()
 
@@ -205,10 +248,32 @@ class Orchestrator:
         namespace = self.settings.namespace
         self.control = await ControlChannel(self.settings.broker_url, orchestrator_address(namespace)).connect()
         self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
+        self._readopt()  # before the first message: Done and Metrics waiting in the queue must find their experiment
         await self.control.listen(self._on_control)
         self.scoring = await ScoreQueue(self.settings.broker_url, namespace).connect()
         await self.scoring.follow_results(score_queue_name(namespace, RESULTS_QUEUE), self._on_score)
         self._task = asyncio.create_task(self._supervise())
+        for experiment in list(self.experiments.values()):  # every cell reported before the restart
+            async with self._lock:
+                await self._maybe_finish(experiment)
+
+    def _readopt(self) -> None:
+        """Experiments a previous orchestrator kept under `runs`, with the workers of the running ones
+        (still training: their heartbeats decide, as before the restart)."""
+        for run_dir, saved in read_states(self.runs):
+            try:
+                experiment = Experiment.readopt(run_dir, saved)
+            except (OSError, ValueError, KeyError, TypeError, PalominoError) as error:
+                log.warning("%s: not re-adopted (%s)", run_dir, error)
+                continue
+            self.experiments[experiment.id] = experiment
+            if experiment.state != "running":
+                continue
+            for coord, worker in experiment.cells.items():
+                if coord not in experiment.done:
+                    self.workers[worker] = Worker(worker, experiment=experiment.id, coord=coord, idle=False)
+            log.info("experiment %s re-adopted: running on %d×%d (epoch %d), %d of %d cells done", experiment.id,
+                     experiment.topology.rows, experiment.topology.cols, experiment.topology.epoch, len(experiment.done), len(experiment.cells))  # fmt: skip
 
     async def close(self) -> None:
         self._task.cancel()
@@ -222,6 +287,7 @@ class Orchestrator:
         run = RunDirectory.create(self.runs, config)
         experiment = Experiment(run.experiment, config, run)
         self.experiments[experiment.id] = experiment
+        await asyncio.to_thread(experiment.persist)
         log.info("experiment %s submitted: waiting for %d–%d workers", experiment.id, *config.cell_bounds)
         await self._event(experiment, "state", {"state": "waiting"})
         return experiment
@@ -240,6 +306,7 @@ class Orchestrator:
 
     async def _end(self, experiment: Experiment, state: State, reason: str = "") -> None:
         experiment.state, experiment.reason = state, reason
+        await asyncio.to_thread(experiment.persist)
         for worker in self._working_on(experiment):
             await self.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
             self.workers[worker].free()
@@ -260,9 +327,9 @@ class Orchestrator:
         experiment = self.experiments.get(getattr(message, "experiment", ""))
         if experiment is None:
             return
+        if not self._trusted(experiment, message):
+            return
         if isinstance(message, Checkpoint):  # kept even after a stop or failure: that is when they matter
-            if int(message.meta.get("epoch", 0)) < experiment.history_since.get(Coord(*message.coord), 0):
-                return  # a moved worker's last checkpoint under the coordinate it left
             keep = experiment.config.training.checkpoint_keep
             folder = experiment.run.checkpoint_dir(Coord(*message.coord))
             await asyncio.to_thread(write_checkpoint_bytes, folder, message.iteration, payload, message.meta, keep)
@@ -270,8 +337,6 @@ class Orchestrator:
         if experiment.finished:
             return  # late messages of an ended experiment
         if isinstance(message, Metrics):
-            if experiment.cells.get(Coord(*message.record.get("cell", (-1, -1)))) != message.worker:
-                return  # from a worker declared dead or moved since
             key = ("-".join(map(str, message.record.get("cell", []))), int(message.record.get("iteration", -1)))
             if key in experiment.recorded:
                 return  # redelivered after a broker reconnect
@@ -290,8 +355,45 @@ class Orchestrator:
                 await self._on_done(experiment, message, payload)
         elif isinstance(message, Failed) and message.worker in experiment.cells.values():
             async with self._lock:
-                if not experiment.finished:
-                    await self._end(experiment, "failed", message.reason)
+                if experiment.finished:
+                    return
+                coord = next(c for c, w in experiment.cells.items() if w == message.worker)
+                if message.restore_failed and coord in experiment.restoring:
+                    # Fall back: the previous checkpoint, the last snapshot, then scratch.
+                    experiment.unusable.setdefault(coord, set()).add(experiment.restoring.pop(coord))
+                    log.warning("cell %s of %s: %s; trying an older state", coord, experiment.id, message.reason)
+                    await self._assign(experiment, coord, message.worker, restore=True)
+                    return
+                await self._end(experiment, "failed", message.reason)
+
+    def _trusted(self, experiment: Experiment, message: Any) -> bool:
+        """Whether a cell's message fits the layout: sent by the worker that holds its coordinate, for
+        an iteration the experiment has. Anything else is counted and dropped (stale or forged)."""
+        why = ""
+        iterations = experiment.config.training.iterations
+        if isinstance(message, (Checkpoint, Samples)):
+            coord = Coord(*message.coord)
+            if message.real if isinstance(message, Samples) else False:
+                why = "" if message.worker in experiment.cells.values() else "real samples from a worker outside the layout"
+            elif experiment.cells.get(coord) != message.worker:
+                why = f"{message.kind} for {coord} from {message.worker}, which does not hold it"
+            elif not 0 <= message.iteration <= iterations:
+                why = f"{message.kind} for iteration {message.iteration} of {iterations}"
+            elif isinstance(message, Checkpoint) and int(message.meta.get("epoch", 0)) < experiment.history_since.get(coord, 0):
+                why = "a checkpoint from before the coordinate changed hands"
+        elif isinstance(message, Metrics):
+            record = message.record
+            cell, iteration = record.get("cell"), record.get("iteration")
+            if not (isinstance(cell, list) and len(cell) == 2 and all(isinstance(v, int) for v in cell)):
+                why = "metrics without a valid cell"
+            elif experiment.cells.get(Coord(*cell)) != message.worker:
+                why = f"metrics for {tuple(cell)} from {message.worker}, which does not hold it"
+            elif not (isinstance(iteration, int) and 0 <= iteration < iterations):
+                why = f"metrics for iteration {iteration!r} of {iterations}"
+        if why:
+            self.counters["untrusted_messages"] += 1
+            log.debug("experiment %s: dropped %s", experiment.id, why)
+        return not why
 
     async def _on_done(self, experiment: Experiment, message: Done, payload: bytes) -> None:
         coord = Coord(*message.coord)
@@ -305,6 +407,8 @@ class Orchestrator:
             str(coord), message.score, message.components, message.weights, payload, message.mixture,
             base64.b64decode(message.samples_png) if message.samples_png else b"", trained_at=str(Coord(*message.coord)),
         )
+        await asyncio.to_thread(write_collected, experiment.run.path, experiment.done[coord])
+        await asyncio.to_thread(experiment.persist)
         if message.worker in self.workers:
             self.workers[message.worker].free()
         await self._maybe_finish(experiment)
@@ -322,6 +426,7 @@ class Orchestrator:
             if experiment.state != "running":
                 return  # stopped while result/ was being written
             experiment.state = "finished"  # only now: whoever sees "finished" finds result/ complete
+            await asyncio.to_thread(experiment.persist)
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
             await self._enqueue_scoring(experiment, best)
@@ -477,13 +582,18 @@ class Orchestrator:
         self.workers[worker].idle = False
         payload, meta = b"", None
         if restore:
-            checkpoint = await asyncio.to_thread(newest_valid, experiment.run.checkpoint_dir(coord), None, raw=True)
-            resumed = 0
+            unusable = experiment.unusable.get(coord, set())
+            below = min((i for kind, i in unusable if kind == "checkpoint"), default=None)  # older than what failed
+            folder = experiment.run.checkpoint_dir(coord)
+            checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
+            resumed, chosen = 0, None
             if checkpoint is not None:
-                payload, meta, resumed = checkpoint.payload, checkpoint.meta, checkpoint.iteration
+                payload, meta, resumed, chosen = checkpoint.payload, checkpoint.meta, checkpoint.iteration, ("checkpoint", checkpoint.iteration)
             snapshot = await self._newest_published(experiment, coord)
-            if snapshot is not None and snapshot[1] > resumed:  # a newer state than the checkpoint's
-                payload, meta, resumed = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}, snapshot[1]
+            if snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable:  # newer than the checkpoint
+                payload, meta, resumed, chosen = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}, snapshot[1], ("snapshot", snapshot[1])
+            if chosen is not None:
+                experiment.restoring[coord] = chosen
             log.info("cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, (meta or {}).get("from", "a checkpoint" if payload else "scratch"))
             # The iterations it will redo are recorded again by the newcomer.
             experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
@@ -618,6 +728,7 @@ class Orchestrator:
         experiment.done = {c: result_of[w] for c, w in placed.items() if w in result_of}
         for coord, result in experiment.done.items():
             result.cell = str(coord)
+            await asyncio.to_thread(write_collected, experiment.run.path, result)  # kept under its new name
         # A coordinate taken by another worker starts a new history: the old one is set aside,
         # so a later restore never picks up the previous occupant's individuals.
         for coord, worker in placed.items():

@@ -73,6 +73,7 @@ class Samples(_Message):
 
     kind: Literal["samples"] = "samples"
     experiment: str
+    worker: str
     coord: tuple[int, int]
     iteration: int
     real: bool = False
@@ -83,6 +84,7 @@ class Checkpoint(_Message):
 
     kind: Literal["checkpoint"] = "checkpoint"
     experiment: str
+    worker: str
     coord: tuple[int, int]
     iteration: int
     meta: dict[str, Any]
@@ -110,6 +112,7 @@ class Failed(_Message):
     experiment: str
     worker: str
     reason: str
+    restore_failed: bool = False  # the assigned checkpoint or snapshot did not load: try an older one
 
 
 ControlMessage = Annotated[
