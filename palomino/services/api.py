@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from palomino.config import ExperimentConfig, parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.services.auth import bearer_guard
+from palomino.services.http import unprocessable
 from palomino.services.dashboard.runfiles import RunFiles, valid_cell
 from palomino.errors import ConfigError
 from palomino.services.orchestrator import Orchestrator
@@ -116,7 +117,7 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
         files = RunFiles(lookup(experiment_id).run.path)
         if cell is not None:
             if not valid_cell(cell):
-                raise HTTPException(422, f"cell {cell!r}: use ROW-COL, e.g. 0-1")
+                raise unprocessable("path", "cell", f"cell {cell!r}: use ROW-COL, e.g. 0-1")
             if not files.has_cell(cell):
                 raise HTTPException(404, f"experiment {experiment_id!r} has no cell {cell} in any of its layouts")
         return files

@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 
 from palomino.services.auth import bearer_guard
+from palomino.services.http import unprocessable
 from palomino.services.dashboard.events import EventHub
 from palomino.services.dashboard.history import History, SourceUnavailable
 from palomino.services.dashboard.runfiles import valid_cell, valid_experiment_id
@@ -86,7 +87,7 @@ def create_app(
 
     async def known_cell(experiment: str, cell: str) -> None:
         if not valid_cell(cell):
-            raise HTTPException(422, f"cell {cell!r}: use ROW-COL, e.g. 0-1")
+            raise unprocessable("path", "cell", f"cell {cell!r}: use ROW-COL, e.g. 0-1")
         summary = await known(experiment)
         layouts = await history.layouts(experiment) or [summary]
         row, col = map(int, cell.split("-"))
@@ -133,7 +134,7 @@ def create_app(
     async def sample_png(experiment: str, cell: str, iteration: int) -> Response:
         await known_cell(experiment, cell)
         if iteration < 0:
-            raise HTTPException(422, "iteration: must be ≥ 0")
+            raise unprocessable("path", "iteration", "iteration: must be ≥ 0")
         return png(await history.sample_png(experiment, cell, iteration), f"samples of cell {cell} at iteration {iteration}")
 
     @api.get("/experiments/{experiment}/samples/real.png")
