@@ -195,3 +195,28 @@ def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: P
     assert orchestrator.counters["untrusted_messages"] == len(forged)
     assert [r["cell"] for r in experiment.run.metrics()] == [[0, 0]]
     assert not (experiment.run.path / "checkpoints").exists() and not experiment.run.real_samples_path.exists()
+
+
+def test_an_experiment_is_re_adopted_from_what_it_saved(tmp_path: Path) -> None:
+    import json
+
+    from palomino.grid.partition import partition_grid
+    from palomino.runs.result import CellResult
+    from palomino.services.experiment_store import read_states, write_collected
+
+    orchestrator, experiment = running_2x2(tmp_path)
+    experiment.partition = partition_grid([0, 1], (1, 2))
+    experiment.failures.append({"worker": "w9", "cell": "1-1", "action": "replace", "by": "w3", "at": 1.0})
+    experiment.history_since[Coord(1, 1)] = 1
+    experiment.done[Coord(0, 1)] = CellResult("0-1", 0.25, ["0-1", "0-0"], [0.5, 0.5], b"mixture", {"cell": "0-1"}, b"png", trained_at="0-1")
+    write_collected(experiment.run.path, experiment.done[Coord(0, 1)])
+    experiment.run.append_metrics({"cell": [0, 1], "iteration": 0})
+    experiment.persist()
+
+    [(run_dir, saved)] = list(read_states(tmp_path))
+    again = Experiment.readopt(run_dir, json.loads(json.dumps(saved)))
+    assert (again.id, again.state, again.cells, again.failures) == (run_dir.name, "running", experiment.cells, experiment.failures)
+    assert again.topology == experiment.topology and again.partition == experiment.partition
+    assert again.history_since == {Coord(1, 1): 1} and again.recorded == {("0-1", 0)}
+    done = again.done[Coord(0, 1)]
+    assert (done.score, done.payload, done.samples_png, done.trained_at) == (0.25, b"mixture", b"png", "0-1")

@@ -308,3 +308,13 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
     refused = palomino("sample", run, "--n", "4", "--class", "3", "--out", tmp_path / "x.npy", cwd=tmp_path)
     assert refused.returncode == 2
     assert "--class 3" in refused.stderr and "[0, 1, 7]" in refused.stderr
+
+
+def test_a_partition_survives_its_json_round_trip() -> None:
+    # What a restarted orchestrator rebuilds a partitioned experiment's layout from.
+    from palomino.grid.partition import Partition
+
+    partition = partition_grid([3, 5, 8], (2, 2), "moore")
+    shrunk = Partition((partition.grids[0], partition.grids[1].resized(1, 2, epoch=3), partition.grids[2]), partition.per_class)
+    again = Partition.from_json(json.loads(json.dumps(shrunk.to_json())))
+    assert again == shrunk and again.describe() == shrunk.describe() and list(again.cells()) == list(shrunk.cells())

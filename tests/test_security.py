@@ -93,3 +93,20 @@ def test_placeholder_and_short_tokens_are_refused(tmp_path: Path, token: str, mo
     monkeypatch.setenv("PALOMINO_ORCHESTRATOR_TOKEN", token)
     done = palomino("status", "some-experiment", cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr and token not in done.stderr
+
+
+def test_submissions_are_capped_per_client_and_ended_experiments_leave_after_their_retention(tmp_path: Path) -> None:
+    # 1,000 submissions in 7.5 s were all kept, forever.
+    settings = ServiceSettings(namespace=f"sec-{secrets.token_hex(4)}", orchestrator_token=TOKEN, max_active_per_client=2, retention_seconds=0)
+    with TestClient(create_app(settings, tmp_path / "runs")) as client:
+        first, second = (client.post("/experiments", content=body(), headers=auth()).json()["id"] for _ in range(2))
+        refused = client.post("/experiments", content=body(), headers=auth())
+        assert refused.status_code == 429 and "PALOMINO_MAX_ACTIVE_PER_CLIENT" in refused.json()["detail"]
+        assert client.delete(f"/experiments/{first}", headers=auth()).json()["state"] == "stopped"
+        deadline = time.monotonic() + 10
+        while client.get(f"/experiments/{first}", headers=auth()).status_code != 404:  # retention 0: gone at the next tick
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert (tmp_path / "runs" / first / "config.yaml").is_file()  # its run directory stays
+        assert client.post("/experiments", content=body(), headers=auth()).status_code == 201
+        assert client.get(f"/experiments/{second}", headers=auth()).json()["state"] == "waiting"

@@ -133,6 +133,20 @@ class Partition:
         """JSON for topology.jsonl: label → rows, cols, row_offset of its sub-grid."""
         return {str(g.label): g.describe() for g in self.grids}
 
+    def to_json(self) -> dict:
+        """Everything that makes this partition (what a restarted orchestrator rebuilds it from)."""
+        grids = [{**g.describe(), "label": g.label, "kind": g.kind, "epoch": g.epoch} for g in self.grids]
+        return {"per_class": list(self.per_class), "grids": grids}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Partition:
+        grids = tuple(
+            ClassGrid(int(g["label"]), Topology(int(g["rows"]), int(g["cols"]), g["kind"], int(g["epoch"])), int(g["row_offset"]))
+            for g in data["grids"]
+        )
+        rows, cols = data["per_class"]
+        return cls(grids, (int(rows), int(cols)))
+
 
 def partition_grid(
     labels: Sequence[int], per_class: tuple[int, int], kind: Neighbourhood = "von_neumann", epoch: int = 0

@@ -17,7 +17,7 @@ from palomino.services.auth import bearer_guard
 from palomino.services.http import unprocessable
 from palomino.services.dashboard.runfiles import RunFiles, valid_cell
 from palomino.errors import ConfigError
-from palomino.services.orchestrator import Orchestrator
+from palomino.services.orchestrator import Orchestrator, TooBusy
 from palomino.services.settings import ServiceSettings
 
 MAX_CONFIG_BYTES = 256 * 1024  # an experiment's YAML: a few kB in practice
@@ -94,7 +94,10 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
             config = await asyncio.to_thread(parse_submitted, body, roots)
         except ConfigError as error:
             raise HTTPException(422, str(error)) from None
-        experiment = await orchestrator.submit(config)
+        try:
+            experiment = await orchestrator.submit(config, client=request.client.host if request.client else "")
+        except TooBusy as error:
+            raise HTTPException(429, str(error)) from None
         return {"id": experiment.id, "run_dir": str(experiment.run.path)}
 
     @api.get("/experiments")

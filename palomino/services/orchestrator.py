@@ -102,6 +102,8 @@ class Experiment:
     restoring: dict[Coord, tuple[str, int]] = field(default_factory=dict)
     unusable: dict[Coord, set[tuple[str, int]]] = field(default_factory=dict)
     collecting: bool = False  # every cell is done and result/ is being written
+    client: str = ""  # who submitted it (the API's peer address): submissions are capped per client
+    ended_at: float | None = None  # wall time it ended: listed until the retention has passed
     metrics_index: LineIndex | None = None  # for the API's metrics pages (made on first use)
 
     @property
@@ -145,13 +147,14 @@ class Experiment:
         """orchestrator.json in the run directory: what a restarted orchestrator re-adopts."""
         topology = self.topology
         state = {
-            "state": self.state, "reason": self.reason, "partitioned": self.partition is not None,
+            "state": self.state, "reason": self.reason, "partition": None if self.partition is None else self.partition.to_json(),
             "topology": None if topology is None else {"rows": topology.rows, "cols": topology.cols, "kind": topology.kind, "epoch": topology.epoch},
             "cells": {str(c): w for c, w in sorted(self.cells.items())},
             "done": sorted(str(c) for c in self.done),
             "failures": self.failures,
             "laid_out": sorted(str(c) for c in self.laid_out),
             "history_since": {str(c): e for c, e in self.history_since.items()},
+            "ended_at": self.ended_at,
         }  # fmt: skip
         try:
             write_state(self.run.path, state)
@@ -163,6 +166,9 @@ class Experiment:
         """The experiment as a killed orchestrator left it (ValueError, OSError, KeyError: not re-adoptable)."""
         run = RunDirectory(run_dir)
         experiment = cls(run.experiment, run.load_config(), run, state=saved["state"], reason=saved.get("reason", ""))
+        experiment.ended_at = saved.get("ended_at")
+        if experiment.finished and experiment.ended_at is None:  # saved before ends were timed
+            experiment.ended_at = (Path(run_dir) / "orchestrator.json").stat().st_mtime
         if saved.get("topology"):
             t = saved["topology"]
             experiment.topology = Topology(int(t["rows"]), int(t["cols"]), t["kind"], epoch=int(t["epoch"]))
@@ -173,10 +179,8 @@ class Experiment:
         collected = read_collected(run.path, list(saved.get("done", [])))
         experiment.done = {parse_coord(c): result for c, result in collected.items()}
         experiment.recorded = {("-".join(map(str, r["cell"])), int(r["iteration"])) for r in run.metrics() if "cell" in r and "iteration" in r}
-        if experiment.state == "running" and saved.get("partitioned"):
-            # Its class sub-grids are not saved yet: end it clearly rather than guess a layout.
-            experiment.state, experiment.reason = "failed", "the orchestrator restarted; partitioned runs are not re-adopted (checkpoints kept)"
-            experiment.persist()
+        if saved.get("partition"):
+            experiment.partition = Partition.from_json(saved["partition"])
         return experiment
 
 
@@ -231,6 +235,10 @@ async def preflight(settings: ServiceSettings) -> None:
         await liveness.close()
 
 
+class TooBusy(PalominoError):
+    """A client has as many experiments waiting or running as it may."""
+
+
 class Orchestrator:
     def __init__(self, settings: ServiceSettings, runs: Path) -> None:
         self.settings, self.runs = settings, Path(runs)
@@ -283,9 +291,13 @@ class Orchestrator:
 
     # ---- experiments ----------------------------------------------------------------------
 
-    async def submit(self, config: ExperimentConfig) -> Experiment:
+    async def submit(self, config: ExperimentConfig, client: str = "") -> Experiment:
+        """A new experiment, unless `client` already has max_active_per_client waiting or running (TooBusy)."""
+        active = sum(1 for e in self.experiments.values() if e.client == client and not e.finished)
+        if active >= self.settings.max_active_per_client:
+            raise TooBusy(f"{active} experiments of yours are waiting or running (PALOMINO_MAX_ACTIVE_PER_CLIENT is {self.settings.max_active_per_client}); wait for one or delete it")
         run = RunDirectory.create(self.runs, config)
-        experiment = Experiment(run.experiment, config, run)
+        experiment = Experiment(run.experiment, config, run, client=client)
         self.experiments[experiment.id] = experiment
         await asyncio.to_thread(experiment.persist)
         log.info("experiment %s submitted: waiting for %d–%d workers", experiment.id, *config.cell_bounds)
@@ -305,7 +317,7 @@ class Orchestrator:
         ]
 
     async def _end(self, experiment: Experiment, state: State, reason: str = "") -> None:
-        experiment.state, experiment.reason = state, reason
+        experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
         await asyncio.to_thread(experiment.persist)
         for worker in self._working_on(experiment):
             await self.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
@@ -425,7 +437,7 @@ class Orchestrator:
                 return
             if experiment.state != "running":
                 return  # stopped while result/ was being written
-            experiment.state = "finished"  # only now: whoever sees "finished" finds result/ complete
+            experiment.state, experiment.ended_at = "finished", time.time()  # only now: result/ is complete
             await asyncio.to_thread(experiment.persist)
             log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
             await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
@@ -507,9 +519,18 @@ class Orchestrator:
                 log.warning("supervision: %s", error)
             except Exception:
                 log.exception("supervision failed; going on")
+            self._evict()
             # While Redis cannot say who is alive, ask it less and less often (never a busy loop).
             pause = TICK if known else min(pause * 2, MAX_BACKOFF)
             await asyncio.sleep(pause)
+
+    def _evict(self) -> None:
+        """Ended experiments past their retention leave the list (their run directories stay)."""
+        cutoff = time.time() - self.settings.retention_seconds
+        for experiment_id, experiment in list(self.experiments.items()):
+            if experiment.finished and (experiment.ended_at or 0) < cutoff:
+                del self.experiments[experiment_id]
+                log.info("experiment %s: retention over, no longer listed (its run directory stays)", experiment_id)
 
     async def _refresh_liveness(self) -> bool:
         """Update who is alive; False while Redis cannot say."""

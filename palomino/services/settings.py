@@ -19,6 +19,10 @@ class ServiceSettings(BaseSettings):
     namespace: str = Field("", pattern=r"^[A-Za-z0-9_-]{0,64}$")  # no dots: queue names stay unambiguous
     # Folders (os.pathsep-separated) a submitted experiment's data.dir may be in; empty: the usual ones.
     data_roots: str = ""
+    # Experiments one client (address) may have waiting or running at once; further submissions get 429.
+    max_active_per_client: int = Field(16, ge=1, le=100_000)
+    # Seconds an ended experiment stays listed; its run directory stays on disk regardless.
+    retention_seconds: float = Field(7 * 24 * 3600, ge=0, le=10 * 365 * 24 * 3600)
     # The orchestrator API's bearer token: the orchestrator requires it, its clients send it.
     orchestrator_token: SecretStr | None = None
 
