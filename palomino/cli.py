@@ -176,7 +176,7 @@ def sample(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
     n: int = typer.Option(..., "--n", min=1, help="How many samples."),
     out: Path = typer.Option(..., "--out", help=".npy (float32, data space) or .png (image grid / scatter plot)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the latent draws (the same seed gives the same samples)."),
     label: Optional[int] = typer.Option(
         None, "--class", help="Draw from this class only (conditional or partitioned runs); else classes follow the priors."
     ),
@@ -275,7 +275,7 @@ def orchestrator(
     redis: Optional[str] = REDIS,
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where run directories are written."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to serve on; anything but loopback needs PALOMINO_ORCHESTRATOR_TOKEN."),
-    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port of the API (0: any free one)."),
 ) -> None:
     """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
     import uvicorn
@@ -348,6 +348,18 @@ def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = 
 
 
 @app.command()
+def delete(experiment: str = typer.Argument(..., help="The experiment's id (from `submit`)."), orchestrator: Optional[str] = ORCH) -> None:
+    """Stop an experiment (its cells checkpoint and stop); prints its summary as JSON. The run directory stays."""
+    import json
+
+    try:
+        summary = _client(orchestrator).delete(experiment)
+    except PalominoError as error:
+        raise _fail(error) from None
+    print(json.dumps(summary, indent=2))
+
+
+@app.command()
 def up(
     config: Path = typer.Argument(..., help="Experiment YAML."),
     cells: int = typer.Option(..., "--cells", min=1, help="Cell workers to start (the grid's cells)."),
@@ -387,7 +399,7 @@ def dashboard(
     broker: Optional[str] = typer.Option(None, "--broker", help="RabbitMQ URL for live events (else PALOMINO_BROKER_URL)."),
     runs: Optional[Path] = typer.Option(None, "--runs", help="Folder of run directories (else PALOMINO_DASHBOARD_RUNS; default ./runs without --orchestrator)."),
     host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other machines (set PALOMINO_DASHBOARD_TOKEN then)."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the page and its API (0: any free one)."),
 ) -> None:
     """The dashboard: live heat maps of the grid in the browser (read-only)."""
     from palomino.services.dashboard import dashboard_settings, serve
@@ -411,7 +423,7 @@ def score(
     real_samples: Optional[int] = typer.Option(None, "--real-samples", help="Real images behind the real statistics (default 10,000; 0 = all)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the run's real data is, if not where its config says."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel scoring processes (default: one per core)."),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of the generated and real samples (default: the run's seed)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]"),
 ) -> None:
     """Score the run's best mixture and every cell's neighbourhood mixture; writes scores.json (printed last)."""
@@ -449,7 +461,7 @@ def classifier_train(
     holdout: int = typer.Option(2000, "--holdout", min=1, help="Test images held out when only one split is present."),
     train_size: int = typer.Option(0, "--train-size", min=0, help="Train on this many images (0 = all)."),
     test_size: int = typer.Option(0, "--test-size", min=0, help="Test on this many images (0 = all)."),
-    seed: int = typer.Option(0, "--seed", min=0),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the initial weights and the data split."),
 ) -> None:
     """Train the classifier, report its test accuracy, save it; prints the file last."""
     from pydantic import ValidationError

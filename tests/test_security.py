@@ -110,3 +110,38 @@ def test_submissions_are_capped_per_client_and_ended_experiments_leave_after_the
         assert (tmp_path / "runs" / first / "config.yaml").is_file()  # its run directory stays
         assert client.post("/experiments", content=body(), headers=auth()).status_code == 201
         assert client.get(f"/experiments/{second}", headers=auth()).json()["state"] == "waiting"
+
+
+def test_metrics_exposes_the_orchestrators_counters_as_counters(orchestrator: TestClient) -> None:
+    text = orchestrator.get("/metrics").text
+    assert "# TYPE palomino_orchestrator_total counter" in text
+    assert 'palomino_orchestrator_total{name="untrusted_messages"} 0.0' in text
+
+
+def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    from conftest import cli_command, cli_env
+    from palomino.services.client import OrchestratorClient
+    from palomino.services.local import free_port, stop_processes
+
+    port = free_port()
+    env = {**cli_env(), "PALOMINO_ORCHESTRATOR_TOKEN": TOKEN, "PALOMINO_NAMESPACE": f"sec-{port}"}
+    process = subprocess.Popen(cli_command("orchestrator", "--runs", tmp_path / "runs", "--port", str(port)), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        client = OrchestratorClient(f"http://127.0.0.1:{port}", token=TOKEN)
+        deadline = time.monotonic() + 60
+        while not client.healthy():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+        experiment = client.submit(yaml.safe_dump(tiny()))["id"]
+        done = subprocess.run(cli_command("delete", experiment, "--orchestrator", f"http://127.0.0.1:{port}"), env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0 and '"state": "stopped"' in done.stdout, done.stderr
+        refused = subprocess.run(cli_command("delete", experiment, "--orchestrator", f"http://127.0.0.1:{port}"),
+                                 env={k: v for k, v in env.items() if k != "PALOMINO_ORCHESTRATOR_TOKEN"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert refused.returncode == 1 and "401" in refused.stderr and "PALOMINO_ORCHESTRATOR_TOKEN" in refused.stderr
+    finally:
+        stop_processes([process])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
@@ -22,7 +21,6 @@ from torch import nn
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring.classifier import adapt_images, load_classifier
 
-ExtractorName = Literal["classifier", "inception"]
 EXTRACTORS: tuple[str, ...] = ("classifier", "inception")
 CLASSIFIER_ENV = "PALOMINO_CLASSIFIER"
 INCEPTION_ENV = "PALOMINO_INCEPTION_WEIGHTS"

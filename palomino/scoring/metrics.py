@@ -22,7 +22,6 @@ from palomino.scoring.reference import RealStatistics
 from palomino.scoring.tvd import ClassDistributionTVD, ClassHitRate
 
 IMAGE_METRICS = ("fid", "is", "kid", "tvd")
-CLASS_METRICS = ("hit",)  # reported for one class's generator, beside the image metrics asked for
 KID_SUBSET = 1000  # torchmetrics' default subset size; smaller when fewer samples are scored
 
 

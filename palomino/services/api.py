@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from palomino.config import ExperimentConfig, parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
@@ -57,6 +58,21 @@ def parse_submitted(body: bytes, roots: list[Path]) -> ExperimentConfig:
     return config
 
 
+class OrchestratorCounters:
+    """Counts that only grow (messages, records, failures, rejections) as a Prometheus counter,
+    `palomino_orchestrator_total{name=…}`, read when scraped."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+
+    def collect(self):
+        family = CounterMetricFamily("palomino_orchestrator", "Orchestrator counters", labels=["name"])
+        control = getattr(self.orchestrator, "control", None)
+        for name, value in {**self.orchestrator.counters, "rejected_messages": control.rejected if control else 0}.items():
+            family.add_metric([name], value)
+        yield family
+
+
 def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     orchestrator = Orchestrator(settings, runs)
     roots = data_roots(settings.data_roots)
@@ -73,8 +89,8 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     gauges = {
         "experiments": Gauge("palomino_experiments", "Experiments by state", ["state"], registry=registry),
         "workers": Gauge("palomino_workers_alive", "Workers with a live heartbeat", registry=registry),
-        "counters": Gauge("palomino_orchestrator_total", "Orchestrator counters", ["name"], registry=registry),
     }
+    registry.register(OrchestratorCounters(orchestrator))
 
     # Everything but /healthz and /metrics needs the token, when there is one.
     api = APIRouter(dependencies=[Depends(bearer_guard(settings.token, "PALOMINO_ORCHESTRATOR_TOKEN"))])
@@ -179,8 +195,6 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
             count = sum(1 for e in orchestrator.experiments.values() if e.state == state)
             gauges["experiments"].labels(state=state).set(count)
         gauges["workers"].set(len(orchestrator.alive))
-        for name, value in {**orchestrator.counters, "rejected_messages": orchestrator.control.rejected}.items():
-            gauges["counters"].labels(name=name).set(value)
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     return app

@@ -147,7 +147,6 @@ class RabbitSnapshotBus:
         self.prefetch, self.validator, self.publish_timeout = prefetch, validator, publish_timeout
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
-        self._epoch = -1
         self._last_value: dict[Coord, float] = {}  # coordinate → when its last-value queue was declared
         self.rejected = 0  # bodies dead-lettered so far (for tests and metrics)
         self._connection: AbstractRobustConnection | None = None
@@ -183,7 +182,7 @@ class RabbitSnapshotBus:
             self._store.forget(coord)
         for coord in wanted - self._bound:
             await self._queue.bind(self._exchange, routing_key(self.experiment, coord))
-        self._bound, self._epoch = wanted, epoch
+        self._bound = wanted
 
     async def publish(self, snapshot: Snapshot) -> None:
         body = encode_snapshot(snapshot)
