@@ -135,7 +135,7 @@ async def raw_publish(
     connection = await aio_pika.connect(os.environ.get("PALOMINO_BROKER_URL", broker))
     async with connection:
         channel = await connection.channel()
-        target = await channel.get_exchange(exchange)
+        target = channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)
         for one in body if isinstance(body, list) else [body]:
             await target.publish(aio_pika.Message(one), routing_key=key)
 

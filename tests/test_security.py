@@ -145,3 +145,71 @@ def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> Non
         assert refused.returncode == 1 and "401" in refused.stderr and "PALOMINO_ORCHESTRATOR_TOKEN" in refused.stderr
     finally:
         stop_processes([process])
+
+
+@pytest.mark.slow
+def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_every_exchange(tmp_path: Path) -> None:
+    # Issue 13's end-to-end: the whole stack as `palomino up` starts it, attacked while it trains.
+    import asyncio
+    import json
+    import subprocess
+
+    import httpx
+
+    from conftest import cli_command, cli_env, raw_publish, write_yaml
+    from palomino.grid import Coord
+    from palomino.services.local import free_port, stop_processes
+    from palomino.transport.control import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
+    from palomino.transport.rabbitmq import routing_key
+    from palomino.transport.score_queue import score_queue_name
+
+    port, namespace = free_port(), f"sec-up-{secrets.token_hex(3)}"
+    config = tiny(name="attacked", training={"iterations": 25, "batches_per_iteration": 20})
+    env = {**cli_env(), "PALOMINO_ORCHESTRATOR_TOKEN": TOKEN, "PALOMINO_NAMESPACE": namespace}
+    up = subprocess.Popen(cli_command("up", write_yaml(tmp_path / "ring.yaml", config), "--cells", "4", "--port", str(port), "--out", tmp_path / "runs"),
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        api = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:  # the experiment `up` submitted
+            assert up.poll() is None and time.monotonic() < deadline, up.stderr.read() if up.poll() is not None else "no experiment"
+            try:
+                listed = httpx.get(f"{api}/experiments", headers=auth(), timeout=2).json()
+                if listed and listed[0]["state"] == "running":
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        experiment = listed[0]["id"]
+        assert httpx.post(f"{api}/experiments", content=body(), timeout=10).status_code == 401
+        outside = httpx.post(f"{api}/experiments", content=body(data={"name": "image_folder", "dir": "/etc"}), headers=auth(), timeout=10)
+        assert outside.status_code == 422 and "PALOMINO_DATA_ROOTS" in outside.text
+
+        nested = nested_json_body()
+        targets = [
+            (CONTROL_EXCHANGE, orchestrator_address(namespace)),
+            *((CONTROL_EXCHANGE, cell_address(f"up{port}-{i}")) for i in range(4)),
+            *(("palomino.snapshots", routing_key(experiment, Coord(r, c))) for r in range(2) for c in range(2)),
+            (EVENTS_EXCHANGE, f"exp.{experiment}.metrics"),
+            ("", score_queue_name(namespace)),
+        ]
+        for exchange, key in targets:  # events are bare JSON; everything else is framed
+            one = nested[8:] if exchange == EVENTS_EXCHANGE else nested
+            asyncio.run(raw_publish([one] * 20, key, exchange=exchange))
+
+        out, err = up.communicate(timeout=400)
+        assert up.returncode == 0, err[-3000:]
+        run_dir = Path(out.strip().splitlines()[-1])
+        assert (run_dir / "result" / "mixture.safetensors").is_file()
+        assert json.loads((run_dir / "orchestrator.json").read_text())["state"] == "finished"
+        logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "runs" / ".up-logs").rglob("*.log"))
+        assert "nested deeper than 64" in logs and "Traceback" not in logs
+    finally:
+        stop_processes([up])
+
+
+def nested_json_body(levels: int = 5000) -> bytes:
+    from palomino.wire.frame import LENGTH
+
+    head = b'{"kind": "metrics", "x": ' + b"[" * levels + b"]" * levels + b"}"
+    return LENGTH.pack(len(head)) + head
