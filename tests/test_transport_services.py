@@ -151,3 +151,60 @@ async def test_nested_json_on_the_snapshot_exchange_is_rejected(experiment: str)
         await raw_publish([nested_body()] * 50 + [encode_snapshot(snapshot(experiment, (0, 1), 1))], key)
         got = await receiver.wait(Coord(0, 1), 1, timeout=10)
         assert got.iteration == 1 and receiver.rejected == 50
+
+
+async def test_the_orchestrators_queue_is_capped_and_the_oldest_go_to_the_dead_letters() -> None:
+    from palomino.transport.control import ControlChannel, orchestrator_address
+    from palomino.wire.control import Register
+
+    address = orchestrator_address(f"test-{secrets.token_hex(4)}")
+    channel = await ControlChannel(BROKER, address, cap=(5, 1024**2)).connect()
+    got: list[str] = []
+
+    async def handler(message, payload: bytes) -> None:
+        got.append(message.worker)
+
+    try:
+        for i in range(10):  # nobody consumes yet: an orchestrator that is down
+            await channel.send(address, Register(worker=f"w{i}", host="h", pid=i))
+        await channel.listen(handler)
+        for _ in range(100):
+            if len(got) >= 5:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert got == [f"w{i}" for i in range(5, 10)]  # bounded: the newest five waited
+    finally:
+        await channel.channel.queue_delete(f"palomino.{address}")
+        await channel.close()
+
+
+async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(caplog: pytest.LogCaptureFixture) -> None:
+    import aio_pika
+
+    from palomino.transport.control import ControlChannel, orchestrator_address
+    from palomino.transport.rabbitmq import DEAD_EXCHANGE
+    from palomino.wire.control import Register
+
+    address = orchestrator_address(f"test-{secrets.token_hex(4)}")
+    connection = await aio_pika.connect(BROKER)
+    async with connection:
+        old = await connection.channel()
+        await old.declare_queue(f"palomino.{address}", durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+    got: list[str] = []
+
+    async def handler(message, payload: bytes) -> None:
+        got.append(message.worker)
+
+    channel = await ControlChannel(BROKER, address).connect()
+    try:
+        await channel.listen(handler)
+        await channel.send(address, Register(worker="still-works", host="h", pid=1))
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        assert got == ["still-works"] and "exists with other arguments" in caplog.text
+    finally:
+        await channel.channel.queue_delete(f"palomino.{address}")
+        await channel.close()

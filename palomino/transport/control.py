@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, connect, declare_dead_letters, describe_rejection, publish_with_retry
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, capped, connect, declare_dead_letters, declare_durable, describe_rejection, publish_with_retry
 from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,8 @@ CONTROL_EXCHANGE = "palomino.control"
 EVENTS_EXCHANGE = "palomino.events"
 ORCHESTRATOR = "orchestrator"
 NAMESPACED_EXPIRY_MS = 24 * 3600 * 1000  # a namespace's durable queues go a day after their last user
+# What may wait for a stopped orchestrator: past it the oldest messages are dead-lettered.
+ORCHESTRATOR_QUEUE_CAP = (100_000, 2 * 1024**3)
 
 
 def orchestrator_address(namespace: str = "") -> str:
@@ -37,8 +39,8 @@ def cell_address(worker: str) -> str:
 
 
 class ControlChannel:
-    def __init__(self, url: str, address: str, *, publish_timeout: float = 120.0) -> None:
-        self.url, self.address, self.publish_timeout = url, address, publish_timeout
+    def __init__(self, url: str, address: str, *, publish_timeout: float = 120.0, cap: tuple[int, int] = ORCHESTRATOR_QUEUE_CAP) -> None:
+        self.url, self.address, self.publish_timeout, self.cap = url, address, publish_timeout, cap
         self.rejected = 0
         self.in_flight = InFlight()
         self._connection = None
@@ -50,11 +52,14 @@ class ControlChannel:
         self._exchange = await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
         self._events = await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
         await declare_dead_letters(channel)
-        durable = self.address.split(".")[0] == ORCHESTRATOR
-        arguments = {"x-dead-letter-exchange": DEAD_EXCHANGE}
-        if durable and self.address != ORCHESTRATOR:
-            arguments["x-expires"] = NAMESPACED_EXPIRY_MS
-        self._queue = await channel.declare_queue(f"palomino.{self.address}", durable=durable, exclusive=not durable, arguments=arguments)
+        name = f"palomino.{self.address}"
+        if self.address.split(".")[0] == ORCHESTRATOR:  # durable, bounded: messages wait across its restart
+            arguments = capped(*self.cap)
+            if self.address != ORCHESTRATOR:
+                arguments["x-expires"] = NAMESPACED_EXPIRY_MS
+            self._queue = await declare_durable(self._connection, channel, name, arguments)
+        else:  # a cell's: exclusive to its connection
+            self._queue = await channel.declare_queue(name, exclusive=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
         await self._queue.bind(self._exchange, routing_key=self.address)
         return self
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
-from aiormq.exceptions import AMQPError
+from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
 
 from palomino.errors import SnapshotError, TransportError
 from palomino.grid import Coord
@@ -109,6 +109,31 @@ async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
             f"cannot connect to RabbitMQ at {redact(url)}: {cause} "
             "(check --broker / PALOMINO_BROKER_URL, e.g. amqp://guest:guest@127.0.0.1:5672/)"
         ) from None
+
+
+def capped(max_length: int, max_bytes: int, overflow: str = "drop-head") -> dict[str, object]:
+    """Queue arguments that bound a durable queue: past the cap the oldest messages are dead-lettered
+    (`drop-head`), or new ones refused to their publisher (`reject-publish`)."""
+    return {"x-dead-letter-exchange": DEAD_EXCHANGE, "x-max-length": max_length, "x-max-length-bytes": max_bytes, "x-overflow": overflow}
+
+
+async def declare_durable(connection: AbstractRobustConnection, channel: AbstractChannel, name: str, arguments: dict):
+    """A durable queue with `arguments`; one that an older Palomino declared with other arguments is
+    used as it is (RabbitMQ never changes a queue's arguments), with a warning that says how to cap it."""
+    probe = await connection.channel()
+    try:
+        await probe.declare_queue(name, durable=True, arguments=arguments, robust=False)
+        compatible = True
+    except ChannelPreconditionFailed:
+        compatible = False
+        log.warning("queue %s exists with other arguments (an older Palomino): used as it is, without its caps; "
+                    "delete it while nothing waits in it (rabbitmqctl delete_queue %s) to cap it", name, name)  # fmt: skip
+    finally:
+        if not probe.is_closed:
+            await probe.close()
+    if compatible:
+        return await channel.declare_queue(name, durable=True, arguments=arguments)
+    return await channel.declare_queue(name, passive=True)
 
 
 async def declare_dead_letters(channel: AbstractChannel) -> None:

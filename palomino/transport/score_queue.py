@@ -14,13 +14,17 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, connect, declare_dead_letters, describe_rejection, publish_with_retry
+from palomino.transport.rabbitmq import InFlight, capped, connect, declare_dead_letters, declare_durable, describe_rejection, publish_with_retry
 from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
 
 log = logging.getLogger(__name__)
 
 SCORE_QUEUE = "palomino.score"
 RESULTS_QUEUE = "palomino.score-results"  # the orchestrator's: results wait there across its restart
+# Jobs carry mixtures (MBs each): past the cap new jobs are refused (the orchestrator logs it);
+# results are small: past theirs the oldest are dead-lettered.
+JOBS_CAP = (10_000, 8 * 1024**3)
+RESULTS_CAP = (100_000, 1024**3)
 
 
 def score_queue_name(namespace: str = "", base: str = SCORE_QUEUE) -> str:
@@ -37,9 +41,7 @@ class ScoreQueue:
     def __init__(self, url: str, namespace: str = "", *, publish_timeout: float = 120.0, max_bytes: int = SCORE_JOB_MAX_BYTES) -> None:
         self.url, self.publish_timeout, self.max_bytes = url, publish_timeout, max_bytes
         self.name = score_queue_name(namespace)
-        self._arguments: dict = {"x-dead-letter-exchange": DEAD_EXCHANGE}
-        if namespace:
-            self._arguments["x-expires"] = NAMESPACED_EXPIRY_MS
+        self._expiry: dict = {"x-expires": NAMESPACED_EXPIRY_MS} if namespace else {}
         self.rejected = 0
         self.in_flight = InFlight()  # results being stored (a scorer's own jobs run for minutes)
         self._connection = None
@@ -49,7 +51,7 @@ class ScoreQueue:
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=1)  # one job at a time: the others stay for other scorers
         await declare_dead_letters(self._channel)
-        self._queue = await self._channel.declare_queue(self.name, durable=True, arguments=self._arguments)
+        self._queue = await declare_durable(self._connection, self._channel, self.name, {**capped(*JOBS_CAP, "reject-publish"), **self._expiry})
         self._default = self._channel.default_exchange
         self._events = await self._channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
         return self
@@ -98,7 +100,7 @@ class ScoreQueue:
 
     async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "#") -> None:
         """Deliver `score` events to `handler` through the durable queue `queue_name` (results wait there)."""
-        queue = await self._channel.declare_queue(queue_name, durable=True, arguments=self._arguments)
+        queue = await declare_durable(self._connection, self._channel, queue_name, {**capped(*RESULTS_CAP), **self._expiry})
         await queue.bind(self._events, routing_key=result_key(experiments))
 
         async def on_message(message: AbstractIncomingMessage) -> None:
