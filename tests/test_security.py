@@ -213,3 +213,19 @@ def nested_json_body(levels: int = 5000) -> bytes:
 
     head = b'{"kind": "metrics", "x": ' + b"[" * levels + b"]" * levels + b"}"
     return LENGTH.pack(len(head)) + head
+
+
+def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(orchestrator: TestClient, tmp_path: Path) -> None:
+    # A 404 kB image folder with image_size 1024 took 5.4 GB in a cell.
+    from PIL import Image
+
+    folder = tmp_path / "datasets" / "mine"
+    for i in range(400):
+        Image.new("L", (8, 8), color=i % 256).save(folder / f"{i}.png")
+    big = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 1024, "channels": 3}), headers=auth())
+    assert big.status_code == 422, big.text
+    detail = big.json()["detail"]
+    assert "400 images of 3×1024×1024" in detail and "PALOMINO_MAX_DATA_BYTES" in detail and "data.image_size" in detail
+    small = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 32}), headers=auth())
+    assert small.status_code == 201, small.text
+    assert orchestrator.post("/experiments", content=body(data={"name": "cifar10"}), headers=auth()).status_code == 201  # 1.2 GB: fits

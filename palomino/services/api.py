@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from palomino.config import ExperimentConfig, parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
+from palomino.config.footprint import check_data_memory
 from palomino.services.auth import bearer_guard
 from palomino.services.http import unprocessable
 from palomino.services.dashboard.runfiles import RunFiles, valid_cell
@@ -43,7 +44,7 @@ async def bounded_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_submitted(body: bytes, roots: list[Path]) -> ExperimentConfig:
+def parse_submitted(body: bytes, roots: list[Path], max_data_bytes: int = 4 * 1024**3) -> ExperimentConfig:
     """A submitted YAML body → the experiment's config, its data.dir under an allowed root (ConfigError)."""
     text = body.decode("utf-8", errors="replace")
     try:
@@ -55,6 +56,10 @@ def parse_submitted(body: bytes, roots: list[Path]) -> ExperimentConfig:
         raise ConfigError(f"config: not valid YAML: {error}".replace("\n", " ")) from None
     config = parse_config(raw)
     check_data_dir(config.data.dir, roots)
+    try:
+        check_data_memory(config.data, max_data_bytes)  # after the roots: only allowed folders are counted
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     return config
 
 
@@ -107,7 +112,7 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     async def submit(request: Request) -> dict:
         body = await bounded_body(request, MAX_CONFIG_BYTES)
         try:  # off the event loop: a slow parse must not hold /healthz or the consumers
-            config = await asyncio.to_thread(parse_submitted, body, roots)
+            config = await asyncio.to_thread(parse_submitted, body, roots, settings.max_data_bytes)
         except ConfigError as error:
             raise HTTPException(422, str(error)) from None
         try:

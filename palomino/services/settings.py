@@ -19,6 +19,8 @@ class ServiceSettings(BaseSettings):
     namespace: str = Field("", pattern=r"^[A-Za-z0-9_-]{0,64}$")  # no dots: queue names stay unambiguous
     # Folders (os.pathsep-separated) a submitted experiment's data.dir may be in; empty: the usual ones.
     data_roots: str = ""
+    # Bytes a submitted experiment's data may take in each cell (estimated at submit, see config/footprint.py).
+    max_data_bytes: int = Field(4 * 1024**3, ge=1024**2)
     # Experiments one client (address) may have waiting or running at once; further submissions get 429.
     max_active_per_client: int = Field(16, ge=1, le=100_000)
     # Seconds an ended experiment stays listed; its run directory stays on disk regardless.
