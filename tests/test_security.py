@@ -228,4 +228,4 @@ def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(orches
     assert "400 images of 3×1024×1024" in detail and "PALOMINO_MAX_DATA_BYTES" in detail and "data.image_size" in detail
     small = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 32}), headers=auth())
     assert small.status_code == 201, small.text
-    assert orchestrator.post("/experiments", content=body(data={"name": "cifar10"}), headers=auth()).status_code == 201  # 1.2 GB: fits
+    assert orchestrator.post("/experiments", content=body(data={"name": "cifar10"}), headers=auth()).status_code == 201  # 1.1 GiB: fits
