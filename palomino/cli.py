@@ -259,9 +259,20 @@ def _serve(service: Any) -> None:
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
+        running = asyncio.ensure_future(service.run())
+
+        def on_signal() -> None:
+            if service.ready:
+                service.request_shutdown()
+            else:  # still connecting (a broker that does not answer): there is nothing to finish
+                running.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, service.request_shutdown)
-        await service.run()
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await running
+        except asyncio.CancelledError:
+            stderr.print("stopped before it was connected", highlight=False)
 
     try:
         asyncio.run(go())

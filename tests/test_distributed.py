@@ -388,3 +388,33 @@ def test_a_class_that_loses_every_cell_fails_the_experiment(stack: Stack) -> Non
     stack.kill(summary["cells"]["1-0"])
     final = stack.client.wait(experiment, timeout=120)
     assert final["state"] == "failed" and "class 1: every cell of its sub-grid was lost" in final["reason"], final
+
+
+@pytest.mark.parametrize("service", ["scorer", "cell"])
+def test_sigterm_while_the_broker_does_not_answer_stops_the_service(tmp_path: Path, service: str) -> None:
+    # The robust connection went on reconnecting after the signal: the process never exited.
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: [accepted.append(listener.accept()[0]) for _ in range(8)], daemon=True).start()
+    url = f"amqp://guest:secret-pw@127.0.0.1:{listener.getsockname()[1]}/"
+    log = open(tmp_path / "service.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "palomino", "-v", service], stdout=log, stderr=subprocess.STDOUT,
+                               env={**ENV, "PALOMINO_BROKER_URL": url})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "connecting to RabbitMQ" not in (tmp_path / "service.log").read_text(errors="replace"):  # signal handlers are in place
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=8) == 0  # well inside the 10 s connect timeout
+        text = (tmp_path / "service.log").read_text(errors="replace")
+        assert "stopped before it was connected" in text and "secret-pw" not in text
+    finally:
+        if process.poll() is None:
+            process.kill()
+        listener.close()

@@ -99,6 +99,7 @@ class CellWorker:
         self.orchestrator = orchestrator_address(settings.namespace)
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.shutdown = asyncio.Event()
+        self.ready = False  # connected and listening: a signal now means "finish the iteration, checkpoint, leave"
         self._assignment: tuple[Assign, bytes] | None = None
         self._pending: Resize | None = None
         self._stop = asyncio.Event()
@@ -117,6 +118,7 @@ class CellWorker:
         self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         await self.control.listen(self._on_control)
         background = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._registrations())]
+        self.ready = True
         log.info("cell worker %s ready (broker %s)", self.worker, self.settings.broker_url.split("@")[-1])
         try:
             while not self.shutdown.is_set():

@@ -67,6 +67,7 @@ class Scorer:
         self.settings = settings
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.shutdown = asyncio.Event()
+        self.ready = False  # connected and consuming: a signal now means "finish the job, then leave"
         self.scored = 0
 
     def request_shutdown(self) -> None:
@@ -93,6 +94,7 @@ class Scorer:
         queue = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect()
         try:
             await queue.consume(self.handle)
+            self.ready = True
             log.info("scorer %s ready (broker %s)", self.name, self.settings.broker_url.split("@")[-1])
             await self.shutdown.wait()
         finally:

@@ -101,7 +101,12 @@ def describe_rejection(error: BaseException) -> str:
 
 async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
     """A robust connection, or a TransportError that names the (redacted) URL and the cause."""
+    log.debug("connecting to RabbitMQ at %s", redact(url))
     try:
+        # A plain connection first: cancelled (SIGTERM while the broker does not answer), it leaves
+        # nothing behind, where a robust one would go on reconnecting and hold the process alive.
+        probe = await aio_pika.connect(url, timeout=timeout)
+        await probe.close()
         return await aio_pika.connect_robust(url, timeout=timeout)
     except (OSError, AMQPError, asyncio.TimeoutError, ValueError) as error:
         cause = str(error) or type(error).__name__
