@@ -160,7 +160,7 @@ def selection_score(generator: torch.nn.Module, train: Dataset, latent: int, see
 # ---- the methods -----------------------------------------------------------------------------
 
 
-def train_plain(config_json: dict, train: Dataset, steps: tuple[int, int], seed: int) -> tuple[dict, float]:
+def train_plain(config_json: dict, train: Dataset, steps: tuple[int, int], seed: int) -> tuple[dict, dict, float]:
     """One plain GAN: `steps` = (generator steps, discriminator steps), interleaved evenly."""
     torch.set_num_threads(1)
     config = ExperimentConfig.model_validate(config_json)
@@ -188,7 +188,7 @@ def train_plain(config_json: dict, train: Dataset, steps: tuple[int, int], seed:
             loss.discriminator(D, real, fake).backward(inputs=list(D.parameters()))
             opt_d.step()
             done_d += 1
-    return G.state_dict(), time.perf_counter() - start
+    return G.state_dict(), D.state_dict(), time.perf_counter() - start
 
 
 def run_grid(config: ExperimentConfig, train: Dataset, out: Path) -> tuple[RunDirectory, float]:
@@ -240,22 +240,55 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: P
     per = (g // cells, d // cells)
     indep_jobs = [pool.submit(train_plain, dumped, train, per, seed + 2000 + i) for i in range(cells)]
     results = [grid]
-    state, seconds = plain_job.result()
-    plain = build_generator(config.network, train.sample_shape, train.kind)
-    plain.load_state_dict(state)
-    results.append(Result(name, seed, "plain", g + d, seconds, referee.score(draw([plain], np.ones(1), n, latent, seed + 100))))
-    nets, times = [], []
+    plain, plain_critic, seconds = built(config, train, plain_job.result())
+    baseline = Baseline(config, train, n, seed)
+    results.append(Result(name, seed, "plain", g + d, seconds, referee.score(baseline.sample([plain], [plain_critic]))))
+    nets, critics, times = [], [], []
     for job in indep_jobs:
-        state, seconds = job.result()
-        net = build_generator(config.network, train.sample_shape, train.kind)
-        net.load_state_dict(state)
+        net, critic, seconds = built(config, train, job.result())
         nets.append(net)
+        critics.append(critic)
         times.append(seconds)
-    best = min(nets, key=lambda net: selection_score(net, train, latent, seed, referee))
-    results.append(Result(name, seed, "indep-best", g + d, sum(times), referee.score(draw([best], np.ones(1), n, latent, seed + 100))))
-    equal = np.full(len(nets), 1 / len(nets))
-    results.append(Result(name, seed, "indep-mix", g + d, sum(times), referee.score(draw(nets, equal, n, latent, seed + 100))))
+    best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
+    results.append(Result(name, seed, "indep-best", g + d, sum(times), referee.score(baseline.sample([nets[best]], [critics[best]]))))
+    results.append(Result(name, seed, "indep-mix", g + d, sum(times), referee.score(baseline.sample(nets, critics))))
     return results
+
+
+def built(config: ExperimentConfig, train: Dataset, job: tuple[dict, dict, float]) -> tuple[torch.nn.Module, torch.nn.Module, float]:
+    """(generator, discriminator, seconds) of a baseline trained in the pool."""
+    g_state, d_state, seconds = job
+    generator = build_generator(config.network, train.sample_shape, train.kind)
+    generator.load_state_dict(g_state)
+    critic = build_discriminator(config.network, train.sample_shape, train.kind)
+    critic.load_state_dict(d_state)
+    return generator, critic, seconds
+
+
+@dataclass
+class Baseline:
+    """Samples of baseline generators as the grid's result is sampled: an equal-weight mixture and,
+    where the case sets training.ensemble.critic_quantile, through their own discriminators
+    calibrated the same way on training data (palomino.coevolution.rejection): the filter is
+    then not what tells the grid from its baselines."""
+
+    config: ExperimentConfig
+    train: Dataset
+    n: int
+    seed: int
+
+    def sample(self, generators: list[torch.nn.Module], critics: list[torch.nn.Module]) -> torch.Tensor:
+        quantile = self.config.training.ensemble.critic_quantile
+        weights = np.full(len(generators), 1 / len(generators))
+        if quantile <= 0:
+            return draw(generators, weights, self.n, self.config.network.latent_dim, self.seed + 100)
+        from palomino.coevolution.rejection import CriticFilter
+
+        real = self.train.samples[torch.randperm(len(self.train), generator=torch.Generator().manual_seed(self.seed + 11))[:2000]]
+        rule = CriticFilter.calibrate(critics, real, quantile)
+        mixture = Mixture(generators, weights, [str(i) for i in range(len(generators))], self.config.network,
+                          self.train.sample_shape, self.train.kind, {}, critics=critics, threshold=rule.threshold)
+        return mixture.sample(self.n, seed=self.seed + 100, data_space=False)
 
 
 def _cells(run: RunDirectory) -> list[str]:

@@ -94,6 +94,13 @@ class EnsembleConfig(_Strict):
     es_steps: int = Field(200, ge=0, le=100_000, description="(1+1)-ES steps on the weights after greedy selection")
     sigma: float = Field(0.02, gt=0, le=10, description="std of the ES's Gaussian step on the weights")
     samples: int = Field(0, ge=0, le=100_000, description="generated samples per cell; 0 = about 5,000 points or 2,000 images in all")
+    critic_quantile: float = Field(
+        0.0,
+        ge=0,
+        le=0.5,
+        description="sample through the cells' discriminators: keep a generated sample when their mean logit is at "
+        "least that of this quantile of real data (0: off; 0.05 rejects 5 % of real data)",
+    )
 
 
 class SelectionConfig(_Strict):

@@ -20,6 +20,7 @@ from torch import nn
 
 from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, Ensemble, FrechetScore, WeightScore, optimise_ensemble
 from palomino.coevolution.mixture import MixtureScore
+from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
 from palomino.nn import apply
@@ -35,6 +36,8 @@ class GridEnsemble:
     cells: list[str]  # "r-c" of every component, in the order of `ensemble.weights`
     generators: list[nn.Module]
     score_name: str
+    filter: CriticFilter | None = None  # the cells' discriminators, calibrated on real data
+    quantile: float | None = None
 
     def summary(self) -> dict[str, Any]:
         e = self.ensemble
@@ -46,6 +49,7 @@ class GridEnsemble:
             "equal_weight_score": e.equal_weight_score,
             "cells": self.cells,
             "weights": [float(w) for w in e.weights],
+            **({"filter": {"threshold": self.filter.threshold, "quantile": self.quantile}} if self.filter else {}),
         }
 
 
@@ -62,9 +66,18 @@ def _classifier(config: ExperimentConfig) -> Path | None:
 
 @torch.no_grad()
 def grid_ensemble(
-    generators: list[nn.Module], cells: list[str], dataset: Dataset, config: ExperimentConfig, device: str | torch.device = "cpu"
+    generators: list[nn.Module],
+    cells: list[str],
+    dataset: Dataset,
+    config: ExperimentConfig,
+    device: str | torch.device = "cpu",
+    critics: list[nn.Module] | None = None,
 ) -> GridEnsemble:
-    """Optimise a mixture over `generators` (one per cell, named by `cells`) against `dataset`."""
+    """Optimise a mixture over `generators` (one per cell, named by `cells`) against `dataset`.
+
+    With `critics` (the cells' discriminators) and training.ensemble.critic_quantile > 0, every
+    component is sampled through them (palomino.coevolution.rejection), calibrated on the
+    selection half of the real samples, and the weights are optimised for what passes."""
     settings = config.training.ensemble
     rng = np.random.Generator(np.random.PCG64([config.seed, 7]))
     torch_rng = torch.Generator(device=device).manual_seed(config.seed + 7)
@@ -75,11 +88,18 @@ def grid_ensemble(
     m = settings.samples or samples_per_component(len(generators), dataset.kind)
     latent = config.network.latent_dim
 
+    quantile = settings.critic_quantile
+    judge = CriticFilter.calibrate(critics, real_select, quantile) if critics and quantile > 0 else None
+
     def draw() -> list[torch.Tensor]:
         out = []
         for g in generators:
             g.eval()
-            out.append(apply(g, torch.randn(m, latent, generator=torch_rng, device=device)))
+
+            def generate(k: int, g: nn.Module = g) -> torch.Tensor:
+                return apply(g, torch.randn(k, latent, generator=torch_rng, device=device))
+
+            out.append(generate(m) if judge is None else judge.draw(generate, m).to(device))
             g.train()
         return out
 
@@ -104,4 +124,4 @@ def grid_ensemble(
         held = MixtureScore.from_samples(fakes_held, real_held, factors)
         name = "mmd2"
     ensemble = optimise_ensemble(select, held, rng, sigma=settings.sigma, es_steps=settings.es_steps)
-    return GridEnsemble(ensemble, cells, generators, name)
+    return GridEnsemble(ensemble, cells, generators, name, judge, quantile if judge else None)

@@ -7,7 +7,7 @@ run's result is a `ClassMixture`: p(x) = Σ_c p(c) p(x | c), one `Mixture` per c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,9 +16,10 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from palomino.coevolution.rejection import CriticFilter
 from palomino.config import NetworkConfig
 from palomino.errors import PalominoError
-from palomino.nn import apply, build_generator
+from palomino.nn import apply, build_discriminator, build_generator
 from palomino.runs.checkpoints import encode_tensors
 from palomino.runs.result import CLASS_MIXTURE, save_encoded
 
@@ -69,10 +70,23 @@ class Mixture:
     info: dict[str, Any]
     priors: dict[int, float] | None = None  # conditional generators: p(c) of the training data
     label_count: int | None = None  # conditional generators: size of their label embedding
+    # Discriminators that sampling passes every sample through (palomino.coevolution.rejection),
+    # named by `critic_cells`; they filter only when `threshold` is set (a cell's neighbourhood
+    # mixture carries its own discriminator so the grid's ensemble can gather them all).
+    critics: list[nn.Module] = field(default_factory=list)
+    critic_cells: list[str] = field(default_factory=list)
+    threshold: float | None = None
+    quantile: float | None = None  # of real data, from which `threshold` was calibrated
 
     @property
     def conditional(self) -> bool:
         return self.priors is not None
+
+    @property
+    def filter(self) -> CriticFilter | None:
+        if self.threshold is None or not self.critics:
+            return None
+        return CriticFilter(self.critics, self.threshold)
 
     @property
     def classes(self) -> list[int]:
@@ -122,19 +136,24 @@ class Mixture:
     def _sample_unconditional(self, n: int, seed: int, data_space: bool) -> torch.Tensor:
         rng = torch.Generator().manual_seed(seed)
         parts = []
+        critics = self.filter
         for generator, count in zip(self.generators, component_counts(self.weights, n)):
             if count:
                 generator.eval()  # BatchNorm uses its running statistics when sampling
-                z = torch.randn(int(count), self.network.latent_dim, generator=rng)
-                parts.append(generator(z))
+                device = next(generator.parameters()).device
+
+                def generate(k: int, generator: nn.Module = generator, device: torch.device = device) -> torch.Tensor:
+                    return generator(torch.randn(k, self.network.latent_dim, generator=rng).to(device)).cpu()
+
+                parts.append(generate(int(count)) if critics is None else critics.draw(generate, int(count)))
         samples = torch.cat(parts)[torch.randperm(n, generator=rng)]
         return to_data_space(samples, self.kind) if data_space else samples
 
     def encode(self) -> tuple[bytes, dict[str, Any]]:
         """(safetensors bytes of the components, the JSON description): what result/ holds."""
-        payload = encode_tensors(
-            {f"component.{i}.{k}": v for i, g in enumerate(self.generators) for k, v in g.state_dict().items()}
-        )
+        tensors = {f"component.{i}.{k}": v for i, g in enumerate(self.generators) for k, v in g.state_dict().items()}
+        tensors.update({f"critic.{i}.{k}": v for i, d in enumerate(self.critics) for k, v in d.state_dict().items()})
+        payload = encode_tensors(tensors)
         description = {
             "weights": [float(w) for w in self.weights],
             "components": self.components,
@@ -146,6 +165,10 @@ class Mixture:
         if self.priors is not None:
             description["priors"] = {str(c): float(p) for c, p in sorted(self.priors.items())}
             description["label_count"] = self.label_count
+        if self.critics:
+            description["critics"] = self.critic_cells
+        if self.threshold is not None:
+            description["filter"] = {"threshold": self.threshold, "quantile": self.quantile}
         return payload, description
 
     def save(self, folder: Path) -> None:
@@ -171,11 +194,19 @@ class Mixture:
             generator = build_generator(network, shape, description["kind"], label_count).to(device)
             generator.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
             generators.append(generator)
-        special = {"weights", "components", "network", "sample_shape", "kind", "priors", "label_count"}
+        critics = []
+        for i in range(len(description.get("critics", []))):
+            prefix = f"critic.{i}."
+            critic = build_discriminator(network, shape, description["kind"], label_count).to(device)
+            critic.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+            critics.append(critic)
+        special = {"weights", "components", "network", "sample_shape", "kind", "priors", "label_count", "critics", "filter"}
         info = {k: v for k, v in description.items() if k not in special}
+        rule = description.get("filter") or {}
         return cls(
             generators, np.array(description["weights"]), description["components"], network, shape,
-            description["kind"], info, priors, label_count,
+            description["kind"], info, priors, label_count, critics, list(description.get("critics", [])),
+            rule.get("threshold"), rule.get("quantile"),
         )
 
 

@@ -12,6 +12,7 @@ mixture p(x) = Σ_c p(c) p(x | c) over them, p(c) the class's share of the train
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -20,6 +21,7 @@ from palomino.runs.checkpoints import atomic_write
 from palomino.runs.directory import RunDirectory
 
 if TYPE_CHECKING:
+    from palomino.config import ExperimentConfig
     from palomino.coevolution import Cell
     from palomino.data import Dataset
     from palomino.runs.mixture import Mixture
@@ -42,6 +44,12 @@ class CellResult:
     # Where the cell trained when it finished: its own generator's name among `components` (a
     # shrink may since have moved the result to another coordinate, `cell`).
     trained_at: str = ""
+
+
+def uses_critics(config: ExperimentConfig) -> bool:
+    """Whether the grid's ensemble samples through the cells' discriminators (so each cell's
+    result carries its own)."""
+    return config.grid_ensemble and config.training.ensemble.critic_quantile > 0
 
 
 def save_encoded(folder: Path, payload: bytes, description: dict[str, Any]) -> None:
@@ -67,7 +75,10 @@ def neighbourhood_mixture(
         info.update(score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights), score_name="mmd2")
     if cell.label is not None:  # its class's samples in the training data: the class prior's numerator
         info.update({"class": cell.label, "class_count": class_counts(dataset)[cell.label]})
+    critics = [cell.discriminators.best.network] if uses_critics(cell.config) else []
     return Mixture(
+        critics=critics,
+        critic_cells=[str(cell.coord)] if critics else [],
         generators=[ind.network for _, _, ind in parts],
         weights=weights,
         components=[key for key, _, _ in parts],
@@ -89,8 +100,9 @@ def ensemble_result(cells: list[Cell], dataset: Dataset, experiment: str) -> Cel
 
     config = cells[0].config
     cells = sorted(cells, key=lambda c: str(c.coord))  # the order grid_components gives a distributed run
+    critics = [c.discriminators.best.network for c in cells] if uses_critics(config) else None
     grid = grid_ensemble(
-        [c.generators.best.network for c in cells], [str(c.coord) for c in cells], dataset, config, cells[0].device
+        [c.generators.best.network for c in cells], [str(c.coord) for c in cells], dataset, config, cells[0].device, critics
     )
     mixture = Mixture(
         generators=grid.generators,
@@ -108,6 +120,10 @@ def ensemble_result(cells: list[Cell], dataset: Dataset, experiment: str) -> Cel
             "score_name": grid.score_name,
             "ensemble": grid.summary(),
         },
+        critics=critics or [],
+        critic_cells=grid.cells if critics else [],
+        threshold=grid.filter.threshold if grid.filter else None,
+        quantile=grid.quantile,
     )
     payload, description = mixture.encode()
     n = 64 if dataset.kind == "image" else 2500
@@ -163,16 +179,24 @@ def grid_components(results: list[CellResult], experiment: str) -> tuple[bytes, 
     from safetensors.numpy import load, save
 
     ordered = sorted(results, key=lambda r: r.cell)
+    # Each cell's own discriminator too, where every cell sent one (training.ensemble.critic_quantile).
+    with_critics = all(len(r.description.get("critics", [])) == 1 for r in ordered)
     tensors = {}
     for i, result in enumerate(ordered):
         name = result.trained_at or result.cell
         if name not in result.components:
             raise ValueError(f"cell {result.cell}'s mixture has no component {name} (it has {result.components})")
         prefix = f"component.{result.components.index(name)}."
-        own = {k[len(prefix) :]: v for k, v in load(result.payload).items() if k.startswith(prefix)}
+        stored = load(result.payload)
+        own = {k[len(prefix) :]: v for k, v in stored.items() if k.startswith(prefix)}
         if not own:
             raise ValueError(f"cell {result.cell}'s mixture holds no generator of its own")
         tensors.update({f"component.{i}.{k}": v for k, v in own.items()})
+        if with_critics:
+            critic = {k[len("critic.0.") :]: v for k, v in stored.items() if k.startswith("critic.0.")}
+            if not critic:
+                raise ValueError(f"cell {result.cell}'s mixture names a discriminator it does not hold")
+            tensors.update({f"critic.{i}.{k}": v for k, v in critic.items()})
     first = ordered[0].description
     description = {
         "weights": [1.0 / len(ordered)] * len(ordered),
@@ -182,6 +206,8 @@ def grid_components(results: list[CellResult], experiment: str) -> tuple[bytes, 
         "experiment": experiment,
         "iteration": min(int(r.description.get("iteration", 0)) for r in ordered),
     }
+    if with_critics:
+        description["critics"] = [r.cell for r in ordered]
     return save(tensors), description
 
 
@@ -194,6 +220,12 @@ def write_ensemble(run: RunDirectory, payload: bytes, description: dict[str, Any
         "score_name": summary["score_name"],
         "ensemble": summary,
     }
+    rule = summary.get("filter")
+    if rule is not None:  # the scorer's calibration of the critics that result/grid carries
+        threshold = rule.get("threshold") if isinstance(rule, dict) else None
+        if not description.get("critics") or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise ValueError(f"filter {str(rule)[:80]} does not fit the grid's critics")
+        description["filter"] = {"threshold": float(threshold), "quantile": rule.get("quantile")}
     save_encoded(run.result_dir, payload, description)
     ranking_path = run.result_dir / "ranking.json"
     ranking = json.loads(ranking_path.read_text()) if ranking_path.exists() else {}

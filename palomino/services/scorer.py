@@ -56,8 +56,10 @@ def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
         raise PalominoError("a conditional run's generators are not ensembled over the grid")
     config = ExperimentConfig.model_validate(job.ensemble)
     dataset = load_dataset(data, job.data_seed)
-    grid = grid_ensemble(mixture.generators, mixture.components, dataset, config)
+    grid = grid_ensemble(mixture.generators, mixture.components, dataset, config, critics=mixture.critics or None)
     mixture.weights = grid.ensemble.weights
+    if grid.filter is not None:
+        mixture.threshold, mixture.quantile = grid.filter.threshold, grid.quantile
     n = 64 if dataset.kind == "image" else 2500
     return grid.summary(), png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
 
@@ -91,7 +93,7 @@ class Scorer:
         return result
 
     async def run(self) -> None:
-        queue = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect()
+        queue = await ScoreQueue(self.settings.broker_url, self.settings.namespace, key=self.settings.signer).connect()
         try:
             await queue.consume(self.handle)
             self.ready = True
