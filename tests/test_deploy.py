@@ -123,6 +123,8 @@ def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
     assert services["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"] == "change-me-rabbitmq-password"
     for name in ("orchestrator", "dashboard", "submit"):  # the API's token, to the server and its clients
         assert services[name]["environment"]["PALOMINO_ORCHESTRATOR_TOKEN"] == "change-me-orchestrator-token", name
+    for name in ("orchestrator", "cell", "scorer"):  # the key that signs their messages
+        assert services[name]["environment"]["PALOMINO_MESSAGE_KEY"] == "change-me-message-key", name
 
     gpu = active(compose_config(tmp_path, example_env(), "gpu"), "gpu")["cell-gpu"]
     assert gpu["command"] == ["palomino", "cell", "--device", "cuda"]
@@ -146,6 +148,13 @@ def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
     )
     assert done.returncode != 0 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr
+    without_key = {k: v for k, v in example_env().items() if k != "PALOMINO_MESSAGE_KEY"}
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in without_key.items()))
+    done = subprocess.run(
+        [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+    )
+    assert done.returncode != 0 and "PALOMINO_MESSAGE_KEY" in done.stderr
 
 
 def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> None:
@@ -157,6 +166,11 @@ def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> Non
         assert done.returncode == 2 and what in done.stderr and "placeholder" in done.stderr, done.stderr
         assert "change-me-orchestrator-token" not in done.stderr  # never echoed
     env = example_env() | {"PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16)}
+    services = active(compose_config(tmp_path, env))
+    stack = LocalStack(services, tmp_path)
+    done = subprocess.run(stack.argv("cell", services["cell"]["command"]), cwd=REPO, env=stack.env("cell"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "PALOMINO_MESSAGE_KEY" in done.stderr and "placeholder" in done.stderr, done.stderr
+    env |= {"PALOMINO_MESSAGE_KEY": secrets.token_hex(16)}
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)
     done = subprocess.run(stack.argv("cell", services["cell"]["command"]), cwd=REPO, env=stack.env("cell"), capture_output=True, text=True, timeout=120)
@@ -304,7 +318,7 @@ def vhost():
 def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost: str) -> None:
     env = example_env() | {
         "RABBITMQ_USER": "guest", "RABBITMQ_PASSWORD": "guest", "REDIS_PASSWORD": "",  # this machine's servers
-        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16),
+        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16), "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
         "RABBITMQ_VHOST": vhost, "REDIS_DB": str(7 + os.getpid() % 8),
         "PALOMINO_CELLS": "5",  # 2×2 + 1 spare
         "PALOMINO_EXPERIMENT": "examples/ring-1x1.yaml",  # relative to the image's /app, like the default
@@ -348,7 +362,10 @@ def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost:
 
 
 def test_compose_submit_names_the_missing_dataset_before_submitting(tmp_path: Path) -> None:
-    env = example_env() | {"PALOMINO_SET": "data.dir=/data/datasets/mnist data.download=false", "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16)}
+    env = example_env() | {
+        "PALOMINO_SET": "data.dir=/data/datasets/mnist data.download=false",
+        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16), "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
+    }
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)  # no orchestrator runs: the dataset check comes first
     done = subprocess.run(stack.argv("submit", services["submit"]["command"]), cwd=REPO, env=stack.env("submit"),
@@ -797,6 +814,11 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str
         assert secret["stringData"]["redis-url"].startswith("redis://")
         token = secret["stringData"]["orchestrator-token"]  # given, or generated: never empty
         assert token == (merged["credentials"]["orchestratorToken"] or token) and len(token) >= 16
+        key = secret["stringData"]["message-key"]
+        assert key == (merged["credentials"]["messageKey"] or key) and len(key) >= 16 and key != token
+    # The message key reaches the services that sign and check messages.
+    key_users = {c for c, container in commands.items() if "PALOMINO_MESSAGE_KEY" in {e["name"] for e in container.get("env", [])}}
+    assert key_users == {"orchestrator", "cell"} | ({"scorer"} if merged["scorer"]["enabled"] else set()), key_users
     # The orchestrator's API token reaches the orchestrator and its clients, not the cells.
     token_users = {c for c, container in commands.items() if "PALOMINO_ORCHESTRATOR_TOKEN" in {e["name"] for e in container.get("env", [])}}
     assert token_users == {"orchestrator"} | ({"dashboard"} if merged["dashboard"]["enabled"] else set()) | ({"submit"} if jobs else set()), token_users

@@ -4,6 +4,7 @@ RabbitMQ and Redis, and workers killed with SIGKILL mid-run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -123,7 +124,7 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     path.write_text(config(tmp_path))
     result = subprocess.run(
         [sys.executable, "-m", "palomino", "up", str(path), "--cells", "4", "--spares", "1", "--out", str(tmp_path / "runs"),
-         "--set", "scoring.every=25"],
+         "--set", "scoring.every=25", "--set", "training.ensemble.critic_quantile=0.05"],
         capture_output=True, text=True, env=ENV, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -141,6 +142,9 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     assert mixture["cell"] == "grid" and mixture["components"] == ["0-0", "0-1", "1-0", "1-1"]
     assert mixture["weights"] == pytest.approx(mixture["ensemble"]["weights"]) and sum(mixture["weights"]) == pytest.approx(1)
     assert json.loads((run_dir / "result/ranking.json").read_text())["ensemble"]["cells"] == mixture["components"]
+    # Every cell sent its discriminator; the scorer calibrated them into the filter sampling goes through.
+    assert mixture["critics"] == mixture["components"] and mixture["filter"]["quantile"] == 0.05
+    assert math.isfinite(mixture["filter"]["threshold"]) and mixture["ensemble"]["filter"] == mixture["filter"]
     sampled = subprocess.run([sys.executable, "-m", "palomino", "sample", str(run_dir), "--n", "50", "--out", str(tmp_path / "s.npy")],
                              capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-2000:]

@@ -208,3 +208,46 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(cap
     finally:
         await channel.channel.queue_delete(f"palomino.{address}")
         await channel.close()
+
+
+async def test_score_results_stay_in_their_namespace() -> None:
+    # The results queue bound exp.#.score: every stack's orchestrator got every other stack's scores.
+    from palomino.transport.score_queue import ScoreQueue
+    from palomino.wire.score import ScoreResult
+
+    tag = secrets.token_hex(4)
+    queues = {ns: await ScoreQueue(BROKER, ns).connect() for ns in (f"a{tag}", f"b{tag}", "")}
+    got: dict[str, list[str]] = {ns: [] for ns in queues}
+    names = {ns: f"palomino.test.results.{ns or 'plain'}{tag}" for ns in queues}
+    try:
+        for ns, queue in queues.items():
+
+            async def keep(result: ScoreResult, ns: str = ns) -> None:
+                got[ns].append(result.job)
+
+            await queue.follow_results(names[ns], keep)
+        for ns, queue in queues.items():  # an experiment id with dots, and the same id in each stack
+            await queue.publish_result(ScoreResult(job=f"job-{ns or 'plain'}", experiment=f"x.score.{tag}", target="best"))
+        for _ in range(100):
+            if all(got.values()):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert got == {ns: [f"job-{ns or 'plain'}"] for ns in queues}
+    finally:
+        for ns, queue in queues.items():
+            await queue._channel.queue_delete(names[ns])
+            if ns:
+                await queue._channel.queue_delete(queue.name)
+            await queue.close()
+
+
+def test_the_dashboard_takes_a_namespaced_score_event_and_no_other_key() -> None:
+    from palomino.services.dashboard.events import MalformedEvent, parse_event
+
+    body = b'{"kind": "score", "experiment": "x.1", "job": "j", "target": "best"}'
+    assert parse_event(body, "exp.x.1.score")["job"] == "j"
+    assert parse_event(body, "exp.x.1.score.ns-team_a")["job"] == "j"
+    for key in ("exp.x.1.score.other", "exp.x.1.score.ns-a.b", "exp.y.score.ns-a"):
+        with pytest.raises(MalformedEvent, match="routing key"):
+            parse_event(body, key)

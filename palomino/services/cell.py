@@ -114,7 +114,7 @@ class CellWorker:
         self.shutdown.set()
 
     async def run(self) -> None:
-        self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker)).connect()
+        self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker), key=self.settings.signer).connect()
         self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         await self.control.listen(self._on_control)
         background = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._registrations())]
@@ -227,7 +227,8 @@ class CellWorker:
         self._ttl = config.distributed.heartbeat_ttl
         log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, experiment, assign.rows, assign.cols, assign.epoch, cell.iteration)
         bus = RabbitSnapshotBus(
-            self.settings.broker_url, experiment, max_bytes=config.distributed.max_snapshot_bytes, validator=fits(cell)
+            self.settings.broker_url, experiment, max_bytes=config.distributed.max_snapshot_bytes, validator=fits(cell),
+            key=self.settings.signer,
         )
         await bus.connect()
         recorder = ControlRecorder(self.control, self.orchestrator, experiment, self.worker, dataset.kind, dataset.modes)
@@ -237,7 +238,7 @@ class CellWorker:
                 await recorder.real_samples(cell.coord, dataset, config.seed)
             if every:
                 try:
-                    scoring = await ScoreQueue(self.settings.broker_url, self.settings.namespace).connect()
+                    scoring = await ScoreQueue(self.settings.broker_url, self.settings.namespace, key=self.settings.signer).connect()
                 except PalominoError as error:
                     log.warning("periodic scoring is off for this cell: %s", error)
         except BaseException:

@@ -117,9 +117,11 @@ def run_up(
     namespace = settings.namespace or f"up-{port}-{os.getpid()}"
     # PALOMINO_ORCHESTRATOR_TOKEN when set, else one made for this stack alone: its API is never open.
     token = settings.token or secrets.token_urlsafe(32)
+    # Likewise the key that signs its services' messages: nothing else on the broker can speak for them.
+    key = settings.message_key.get_secret_value() if settings.message_key else secrets.token_urlsafe(32)
     env = {
         **os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url,
-        "PALOMINO_NAMESPACE": namespace, "PALOMINO_ORCHESTRATOR_TOKEN": token,
+        "PALOMINO_NAMESPACE": namespace, "PALOMINO_ORCHESTRATOR_TOKEN": token, "PALOMINO_MESSAGE_KEY": key,
         # Its own experiment's data folder is allowed: the user who runs `up` chose it.
         "PALOMINO_DATA_ROOTS": _roots_with(settings.data_roots, (yaml.safe_load(config_yaml) or {}).get("data", {}).get("dir")),
     }  # fmt: skip

@@ -254,11 +254,11 @@ class Orchestrator:
     async def start(self) -> None:
         self.runs.mkdir(parents=True, exist_ok=True)
         namespace = self.settings.namespace
-        self.control = await ControlChannel(self.settings.broker_url, orchestrator_address(namespace)).connect()
+        self.control = await ControlChannel(self.settings.broker_url, orchestrator_address(namespace), key=self.settings.signer).connect()
         self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         self._readopt()  # before the first message: Done and Metrics waiting in the queue must find their experiment
         await self.control.listen(self._on_control)
-        self.scoring = await ScoreQueue(self.settings.broker_url, namespace).connect()
+        self.scoring = await ScoreQueue(self.settings.broker_url, namespace, key=self.settings.signer).connect()
         await self.scoring.follow_results(score_queue_name(namespace, RESULTS_QUEUE), self._on_score)
         self._task = asyncio.create_task(self._supervise())
         for experiment in list(self.experiments.values()):  # every cell reported before the restart
@@ -636,7 +636,7 @@ class Orchestrator:
         """(body, the iteration it resumes at) of the newest snapshot `coord` published, if any."""
         try:
             # Bounded: this runs under the orchestrator's lock, and a broker outage must not hold it.
-            body = await asyncio.wait_for(newest_published(self.control.channel, experiment.id, coord), BROKER_CALL_TIMEOUT)
+            body = await asyncio.wait_for(newest_published(self.control.channel, experiment.id, coord, self.settings.signer), BROKER_CALL_TIMEOUT)
             if body is None:
                 return None
             header = SnapshotHeader.model_validate(frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from palomino.services.auth import check_token
+from palomino.transport.signing import MessageKey
 
 
 class ServiceSettings(BaseSettings):
@@ -27,13 +28,20 @@ class ServiceSettings(BaseSettings):
     retention_seconds: float = Field(7 * 24 * 3600, ge=0, le=10 * 365 * 24 * 3600)
     # The orchestrator API's bearer token: the orchestrator requires it, its clients send it.
     orchestrator_token: SecretStr | None = None
+    # Signs every message between the stack's services (palomino/transport/signing.py); unset: none is
+    # signed or checked. Every service of a stack needs the same one.
+    message_key: SecretStr | None = None
 
-    @field_validator("orchestrator_token")
+    @field_validator("orchestrator_token", "message_key")
     @classmethod
-    def _token(cls, token: SecretStr | None) -> SecretStr | None:
+    def _token(cls, token: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         if token is None or not token.get_secret_value().strip():
             return None
-        return SecretStr(check_token(token.get_secret_value(), "PALOMINO_ORCHESTRATOR_TOKEN"))
+        return SecretStr(check_token(token.get_secret_value(), f"PALOMINO_{str(info.field_name).upper()}"))
+
+    @property
+    def signer(self) -> MessageKey | None:
+        return MessageKey(self.message_key.get_secret_value()) if self.message_key else None
 
     @property
     def token(self) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
+from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, capped, connect, declare_dead_letters, declare_durable, describe_rejection, publish_with_retry
 from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
@@ -39,8 +40,16 @@ def cell_address(worker: str) -> str:
 
 
 class ControlChannel:
-    def __init__(self, url: str, address: str, *, publish_timeout: float = 120.0, cap: tuple[int, int] = ORCHESTRATOR_QUEUE_CAP) -> None:
-        self.url, self.address, self.publish_timeout, self.cap = url, address, publish_timeout, cap
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        *,
+        publish_timeout: float = 120.0,
+        cap: tuple[int, int] = ORCHESTRATOR_QUEUE_CAP,
+        key: MessageKey | None = None,
+    ) -> None:
+        self.url, self.address, self.publish_timeout, self.cap, self.key = url, address, publish_timeout, cap, key
         self.rejected = 0
         self.in_flight = InFlight()
         self._connection = None
@@ -73,6 +82,7 @@ class ControlChannel:
         async def on_message(message: AbstractIncomingMessage) -> None:
             with self.in_flight:
                 try:
+                    check_signature(self.key, message)
                     decoded, payload = decode_control(message.body, max_bytes=CONTROL_MAX_BYTES)
                 except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError): reject it
                     self.rejected += 1
@@ -92,7 +102,9 @@ class ControlChannel:
     async def send(self, to: str, message: Any, payload: bytes = b"") -> None:
         body = encode_control(message, payload)
         # Persistent: what waits in the orchestrator's durable queue survives a broker restart.
-        envelope = aio_pika.Message(body, type=message.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        envelope = aio_pika.Message(
+            body, type=message.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=sign_headers(self.key, to, body)
+        )
         await publish_with_retry(self._exchange, envelope, to, self.url, self.publish_timeout)
 
     async def event(self, experiment: str, kind: str, body: dict[str, Any]) -> None:

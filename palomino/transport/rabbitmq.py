@@ -22,6 +22,7 @@ from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
 
 from palomino.errors import SnapshotError, TransportError
 from palomino.grid import Coord
+from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.transport.store import SnapshotStore
 from palomino.transport.urls import redact
 from palomino.wire import DEFAULT_MAX_BYTES, Snapshot, decode_snapshot, encode_snapshot
@@ -57,8 +58,9 @@ async def declare_last_value(channel: AbstractChannel, exchange: AbstractExchang
     return queue
 
 
-async def newest_published(channel: AbstractChannel, experiment: str, coord: Coord) -> bytes | None:
-    """The body of the newest snapshot `coord` published (left in place), or None (torch-free)."""
+async def newest_published(channel: AbstractChannel, experiment: str, coord: Coord, key: MessageKey | None = None) -> bytes | None:
+    """The body of the newest snapshot `coord` published (left in place), or None (torch-free).
+    With `key`, one not signed with it counts as none (it would be handed on to a spare)."""
     exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
     queue = await declare_last_value(channel, exchange, experiment, coord)
     message = await queue.get(no_ack=False, fail=False)
@@ -66,6 +68,11 @@ async def newest_published(channel: AbstractChannel, experiment: str, coord: Coo
         return None
     body = message.body
     await message.nack(requeue=True)
+    try:
+        check_signature(key, message)
+    except SnapshotError as error:
+        log.warning("the newest snapshot of %s in %s is not used: %s", coord, experiment, error)
+        return None
     return body
 
 
@@ -172,8 +179,9 @@ class RabbitSnapshotBus:
         prefetch: int = 8,
         validator: Callable[[Snapshot], None] | None = None,
         publish_timeout: float = 120.0,
+        key: MessageKey | None = None,
     ) -> None:
-        self.url, self.experiment, self.max_bytes = url, experiment, max_bytes
+        self.url, self.experiment, self.max_bytes, self.key = url, experiment, max_bytes, key
         self.prefetch, self.validator, self.publish_timeout = prefetch, validator, publish_timeout
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
@@ -218,9 +226,10 @@ class RabbitSnapshotBus:
         body = encode_snapshot(snapshot)
         if len(body) > self.max_bytes:
             raise SnapshotError(f"snapshot of {len(body)} bytes exceeds the limit of {self.max_bytes} bytes")
-        message = aio_pika.Message(body, content_type=CONTENT_TYPE, type="snapshot", headers={"version": 1})
         coord = Coord(*snapshot.header.cell)
         key = routing_key(self.experiment, coord)
+        headers = {"version": 1, **(sign_headers(self.key, key, body) or {})}
+        message = aio_pika.Message(body, content_type=CONTENT_TYPE, type="snapshot", headers=headers)
         now = asyncio.get_running_loop().time()
         if now - self._last_value.get(coord, -LAST_VALUE_REFRESH) >= LAST_VALUE_REFRESH:
             try:
@@ -238,6 +247,7 @@ class RabbitSnapshotBus:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         try:
+            check_signature(self.key, message)
             try:
                 snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
             except SnapshotError:

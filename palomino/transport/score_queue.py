@@ -1,4 +1,5 @@
-"""The score work queue `palomino.score` and the results on `palomino.events` (key `exp.<exp>.score`).
+"""The score work queue `palomino.score` and the results on `palomino.events` (key `exp.<exp>.score`;
+in a namespace `exp.<exp>.score.ns-<namespace>`, so a stack's results queue holds its own only).
 
 Competing consumers with prefetch 1: a job is acked only after its result is confirmed by the
 broker, so a scorer killed mid-job leaves it unacked and RabbitMQ hands it to another scorer.
@@ -14,6 +15,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
+from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.transport.rabbitmq import InFlight, capped, connect, declare_dead_letters, declare_durable, describe_rejection, publish_with_retry
 from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
 
@@ -33,13 +35,25 @@ JobHandler = Callable[[ScoreJob, bytes], Awaitable[ScoreResult]]
 ResultHandler = Callable[[ScoreResult], Awaitable[None]]
 
 
-def result_key(experiment: str) -> str:
-    return f"exp.{experiment}.score"
+def result_key(experiment: str, namespace: str = "") -> str:
+    """The routing key of a score result. Experiment ids may hold dots, so the namespace goes last,
+    as a word no key without one ends with: `exp.#.score` never matches a namespaced key and
+    `exp.#.score.ns-a` never matches another namespace's."""
+    return f"exp.{experiment}.score" + (f".ns-{namespace}" if namespace else "")
 
 
 class ScoreQueue:
-    def __init__(self, url: str, namespace: str = "", *, publish_timeout: float = 120.0, max_bytes: int = SCORE_JOB_MAX_BYTES) -> None:
-        self.url, self.publish_timeout, self.max_bytes = url, publish_timeout, max_bytes
+    def __init__(
+        self,
+        url: str,
+        namespace: str = "",
+        *,
+        publish_timeout: float = 120.0,
+        max_bytes: int = SCORE_JOB_MAX_BYTES,
+        key: MessageKey | None = None,
+    ) -> None:
+        self.url, self.publish_timeout, self.max_bytes, self.key = url, publish_timeout, max_bytes, key
+        self.namespace = namespace
         self.name = score_queue_name(namespace)
         self._expiry: dict = {"x-expires": NAMESPACED_EXPIRY_MS} if namespace else {}
         self.rejected = 0
@@ -61,19 +75,26 @@ class ScoreQueue:
             await self._connection.close()
 
     async def enqueue(self, job: ScoreJob, payload: bytes) -> None:
-        message = aio_pika.Message(encode_job(job, payload), type=job.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        body = encode_job(job, payload)
+        headers = sign_headers(self.key, self.name, body)
+        message = aio_pika.Message(body, type=job.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=headers)
         await publish_with_retry(self._default, message, self.name, self.url, self.publish_timeout)
 
     async def publish_result(self, result: ScoreResult) -> None:
         body = result.model_dump_json().encode()
-        message = aio_pika.Message(body, content_type="application/json", type="score", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-        await publish_with_retry(self._events, message, result_key(result.experiment), self.url, self.publish_timeout)
+        key = result_key(result.experiment, self.namespace)
+        message = aio_pika.Message(
+            body, content_type="application/json", type="score", delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=sign_headers(self.key, key, body),
+        )
+        await publish_with_retry(self._events, message, key, self.url, self.publish_timeout)
 
     async def consume(self, handler: JobHandler) -> None:
         """Run `handler` on each valid job, publish what it returns, then ack."""
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             try:
+                check_signature(self.key, message)
                 job, payload = decode_job(message.body, max_bytes=self.max_bytes)
             except Exception as error:  # noqa: BLE001 — whatever the body does: reject it, go on
                 self.rejected += 1
@@ -101,7 +122,7 @@ class ScoreQueue:
     async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "#") -> None:
         """Deliver `score` events to `handler` through the durable queue `queue_name` (results wait there)."""
         queue = await declare_durable(self._connection, self._channel, queue_name, {**capped(*RESULTS_CAP), **self._expiry})
-        await queue.bind(self._events, routing_key=result_key(experiments))
+        await queue.bind(self._events, routing_key=result_key(experiments, self.namespace))
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             with self.in_flight:
@@ -109,6 +130,7 @@ class ScoreQueue:
 
         async def on_result(message: AbstractIncomingMessage) -> None:
             try:
+                check_signature(self.key, message)
                 result = decode_result(message.body)
             except Exception as error:  # noqa: BLE001 — whatever the body does: reject it, go on
                 self.rejected += 1

@@ -55,6 +55,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
       key: orchestrator-token
 {{- end -}}
 
+{{/* The key that signs messages between the orchestrator, cells and scorers (not the dashboard's).
+     Optional in an existingSecret that predates it: the services then run unsigned. */}}
+{{- define "palomino.messageKeyEnv" -}}
+- name: PALOMINO_MESSAGE_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "palomino.secret" . }}
+      key: message-key
+      optional: true
+{{- end -}}
+
 {{- define "palomino.podSpecCommon" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:

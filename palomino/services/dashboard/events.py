@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -37,6 +38,9 @@ class _Record(BaseModel):
     cell: tuple[int, int]
     iteration: int = Field(ge=0)
     epoch: int = Field(0, ge=0)
+
+
+_NAMESPACED = re.compile(r"\.ns-[A-Za-z0-9_-]{1,64}")
 
 
 class _Event(BaseModel):
@@ -71,7 +75,9 @@ def parse_event(body: bytes, routing_key: str | None = None) -> dict[str, Any]:
     except ValidationError as error:
         first = error.errors()[0]
         raise MalformedEvent(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    if routing_key is not None and routing_key != f"exp.{event.experiment}.{event.kind}":
+    # A namespaced stack's score results carry its namespace last (palomino.transport.score_queue).
+    expected = f"exp.{event.experiment}.{event.kind}"
+    if routing_key is not None and routing_key != expected and not _NAMESPACED.fullmatch(routing_key.removeprefix(expected)):
         raise MalformedEvent(f"routing key {routing_key!r} does not match experiment {event.experiment!r}, kind {event.kind!r}")
     return data
 
