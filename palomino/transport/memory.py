@@ -39,6 +39,3 @@ class InMemoryLiveness:
     async def alive(self) -> set[str]:
         now = self._clock()
         return {worker for worker, expires in self._expires.items() if expires > now}
-
-    async def forget(self, worker: str) -> None:
-        self._expires.pop(worker, None)

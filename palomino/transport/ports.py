@@ -39,8 +39,6 @@ class Liveness(Protocol):
 
     async def alive(self) -> set[str]: ...
 
-    async def forget(self, worker: str) -> None: ...
-
 
 class Recorder(Protocol):
     """Where a cell's records go: the run directory (embedded) or the orchestrator (distributed)."""

@@ -38,11 +38,5 @@ class RedisLiveness:
             raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
         return {(k.decode() if isinstance(k, bytes) else k)[len(self.prefix) :] for k in keys}
 
-    async def forget(self, worker: str) -> None:
-        try:
-            await self._redis.delete(self.prefix + worker)
-        except (RedisError, OSError) as error:
-            raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
-
     async def close(self) -> None:
         await self._redis.aclose()
