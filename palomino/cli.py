@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -37,11 +38,11 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-@app.command()
+@app.command(rich_help_panel="Train and use a run")
 def train(
     config: Optional[Path] = typer.Argument(None, help="Experiment YAML (optional with --resume)."),
     out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the run directory is created."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.iterations=20"),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its checkpoints."),
     dashboard: Optional[int] = typer.Option(None, "--dashboard", min=0, max=65535, help="Serve the live dashboard of this run on this port (0: any free port) while it trains."),
 ) -> None:
@@ -171,7 +172,7 @@ def _dashboard_of(run, sock):
     return server
 
 
-@app.command()
+@app.command(rich_help_panel="Train and use a run")
 def sample(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
     n: int = typer.Option(..., "--n", min=1, help="How many samples."),
@@ -190,6 +191,8 @@ def sample(
     suffix = out.suffix.lower()
     if suffix not in {".npy", ".png"}:
         raise _fail(ConfigError(f"--out {out}: use a .npy or .png file name"))
+    if not (run_dir / "config.yaml").is_file():  # a usage error, as `score` says it
+        raise _fail(ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)"))
     try:
         mixture = Mixture.load(run_dir / "result")
     except PalominoError as error:
@@ -234,23 +237,27 @@ def _client(orchestrator: Optional[str]):
     return OrchestratorClient(settings.orchestrator_url, token=settings.token)
 
 
-BROKER = typer.Option(None, "--broker", help="RabbitMQ URL (else PALOMINO_BROKER_URL, else local guest).")
-REDIS = typer.Option(None, "--redis", help="Redis URL (else PALOMINO_REDIS_URL, else local).")
-ORCH = typer.Option(None, "--orchestrator", help="Orchestrator URL (else PALOMINO_ORCHESTRATOR_URL, else http://127.0.0.1:8000).")
+def _device(value: Optional[str]) -> Optional[str]:
+    if value is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        raise typer.BadParameter(f"{value!r}: use cpu, cuda or cuda:N")
+    return value
 
 
-@app.command()
+BROKER = typer.Option(None, "--broker", envvar="PALOMINO_BROKER_URL", show_envvar=True, help="RabbitMQ URL (default: local guest).")
+REDIS = typer.Option(None, "--redis", envvar="PALOMINO_REDIS_URL", show_envvar=True, help="Redis URL (default: local).")
+ORCH = typer.Option(None, "--orchestrator", envvar="PALOMINO_ORCHESTRATOR_URL", show_envvar=True, help="Orchestrator URL (default: http://127.0.0.1:8000).")
+
+
+@app.command(rich_help_panel="Services")
 def cell(
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda:N"),
+    device: str = typer.Option("cpu", "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where this worker trains."),
     worker_id: Optional[str] = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
 ) -> None:
     """A cell worker: registers, heartbeats, trains the cell it is assigned."""
     from palomino.services.cell import CellWorker
 
-    if device != "cpu" and not device.startswith("cuda"):
-        raise _fail(ConfigError(f"--device {device}: use cpu or cuda[:N]"))
     _serve(CellWorker(_settings(broker, redis), worker_id, device))
 
 
@@ -280,7 +287,7 @@ def _serve(service: Any) -> None:
         raise _fail(error) from None
 
 
-@app.command()
+@app.command(rich_help_panel="Services")
 def orchestrator(
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
@@ -314,10 +321,10 @@ def _experiment_yaml(config: Path, overrides: list[str]) -> str:
     return dump_config(load_config(config, overrides))
 
 
-@app.command()
+@app.command(rich_help_panel="Orchestrator clients")
 def submit(
     config: Path = typer.Argument(..., help="Experiment YAML."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.iterations=20"),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."),
     orchestrator: Optional[str] = ORCH,
 ) -> None:
     """Submit an experiment to the orchestrator; prints its id."""
@@ -328,7 +335,7 @@ def submit(
     print(reply["id"])
 
 
-@app.command()
+@app.command(rich_help_panel="Orchestrator clients")
 def wait(
     experiment: str = typer.Argument(...),
     orchestrator: Optional[str] = ORCH,
@@ -346,7 +353,7 @@ def wait(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(rich_help_panel="Orchestrator clients")
 def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = ORCH) -> None:
     """Print an experiment's state, layout and liveness as JSON."""
     import json
@@ -358,7 +365,7 @@ def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = 
     print(json.dumps(summary, indent=2))
 
 
-@app.command()
+@app.command(rich_help_panel="Orchestrator clients")
 def delete(experiment: str = typer.Argument(..., help="The experiment's id (from `submit`)."), orchestrator: Optional[str] = ORCH) -> None:
     """Stop an experiment (its cells checkpoint and stop); prints its summary as JSON. The run directory stays."""
     import json
@@ -370,13 +377,13 @@ def delete(experiment: str = typer.Argument(..., help="The experiment's id (from
     print(json.dumps(summary, indent=2))
 
 
-@app.command()
+@app.command(rich_help_panel="Services")
 def up(
     config: Path = typer.Argument(..., help="Experiment YAML."),
     cells: int = typer.Option(..., "--cells", min=1, help="Cell workers to start (the grid's cells)."),
     spares: int = typer.Option(0, "--spares", min=0, help="Extra workers that replace dead cells."),
     out: Path = typer.Option(Path("runs"), "--out", help="Where the run directory is written."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set training.iterations=20"),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."),
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
     port: int = typer.Option(0, "--port", help="Orchestrator port; 0 picks a free one."),
@@ -396,7 +403,7 @@ def up(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(rich_help_panel="Services")
 def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(None, "--name", help="Default: host-pid.")) -> None:
     """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
     from palomino.services.scorer import Scorer
@@ -404,7 +411,7 @@ def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(No
     _serve(Scorer(_settings(broker), name))
 
 
-@app.command()
+@app.command(rich_help_panel="Services")
 def dashboard(
     orchestrator: Optional[str] = typer.Option(None, "--orchestrator", help="Orchestrator URL for history and liveness (else PALOMINO_ORCHESTRATOR_URL)."),
     broker: Optional[str] = typer.Option(None, "--broker", help="RabbitMQ URL for live events (else PALOMINO_BROKER_URL)."),
@@ -422,12 +429,12 @@ def dashboard(
         raise _fail(error) from None
 
 
-@app.command()
+@app.command(rich_help_panel="Train and use a run")
 def score(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Generated samples per mixture (default 10,000 images / 2,500 points)."),
-    extractor: Optional[str] = typer.Option(None, "--extractor", help="classifier (default) or inception."),
+    extractor: Optional[Literal["classifier", "inception"]] = typer.Option(None, "--extractor", help="Feature extractor (default: classifier)."),
     classifier: Optional[Path] = typer.Option(None, "--classifier", help="File of `palomino classifier train` (else PALOMINO_CLASSIFIER)."),
     inception_weights: Optional[Path] = typer.Option(None, "--inception-weights", help="torch-fidelity's Inception-v3 weights (else PALOMINO_INCEPTION_WEIGHTS)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Real-statistics cache (else PALOMINO_CACHE_DIR, else ~/.cache/palomino)."),
@@ -435,7 +442,7 @@ def score(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the run's real data is, if not where its config says."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel scoring processes (default: one per core)."),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of the generated and real samples (default: the run's seed)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]"),
+    device: Optional[str] = typer.Option(None, "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where to run the extractor."),
 ) -> None:
     """Score the run's best mixture and every cell's neighbourhood mixture; writes scores.json (printed last)."""
     from palomino.config import load_config
@@ -460,12 +467,12 @@ def score(
 
 
 classifier_app = typer.Typer(no_args_is_help=True, help="The small CNN behind the classifier extractor (FID/IS features, TVD's class predictions).")
-app.add_typer(classifier_app, name="classifier")
+app.add_typer(classifier_app, name="classifier", rich_help_panel="Train and use a run")
 
 
 @classifier_app.command("train")
 def classifier_train(
-    data: str = typer.Option(..., "--data", help="mnist, fashion_mnist, cifar10 or image_folder."),
+    data: Literal["mnist", "fashion_mnist", "cifar10", "image_folder"] = typer.Option(..., "--data", help="A labelled image dataset."),
     out: Path = typer.Option(..., "--out", help="FILE.safetensors (metadata beside it in FILE.json)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the dataset's files are (default: its usual places)."),
     epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Default: about 150,000 images' worth, 5 to 30 epochs."),
@@ -480,8 +487,6 @@ def classifier_train(
     from palomino.config import DataConfig
     from palomino.scoring.classifier import save_classifier, train_classifier
 
-    if data not in ("mnist", "fashion_mnist", "cifar10", "image_folder"):
-        raise _fail(ConfigError(f"--data {data!r}: the classifier needs a labelled image dataset: mnist, fashion_mnist, cifar10 or image_folder"))
     if out.suffix != ".safetensors":
         raise _fail(ConfigError(f"--out {out}: the classifier file must end in .safetensors"))
     try:
@@ -507,9 +512,17 @@ def classifier_train(
     print(out)
 
 
-def run() -> None:  # console-script entry point
-    app()
+VERBOSE = ("-v", "--verbose")
+
+
+def run(argv: Optional[list[str]] = None) -> None:  # console-script entry point
+    # -v is the callback's option, which click takes only before the command: move it there, so
+    # `palomino train x.yaml -v` works too.
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in VERBOSE for a in args[1:]):
+        args = ["--verbose", *(a for a in args if a not in VERBOSE)]
+    app(args=args)
 
 
 if __name__ == "__main__":
-    sys.exit(app())
+    run()

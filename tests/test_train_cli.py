@@ -211,9 +211,13 @@ def test_sample_errors(finished: tuple[Path, Any], tmp_path: Path) -> None:
     bad_suffix = palomino("sample", run, "--n", "5", "--out", tmp_path / "x.csv", cwd=tmp_path)
     assert bad_suffix.returncode == 2 and ".npy or .png" in bad_suffix.stderr
     (tmp_path / "empty").mkdir()
-    unfinished = palomino("sample", tmp_path / "empty", "--n", "5", "--out", tmp_path / "x.npy", cwd=tmp_path)
+    not_a_run = palomino("sample", tmp_path / "empty", "--n", "5", "--out", tmp_path / "x.npy", cwd=tmp_path)
+    assert not_a_run.returncode == 2 and "not a run directory" in not_a_run.stderr  # as `score` says it
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.yaml").write_bytes((run / "config.yaml").read_bytes())
+    unfinished = palomino("sample", tmp_path / "unfinished", "--n", "5", "--out", tmp_path / "x.npy", cwd=tmp_path)
     assert unfinished.returncode == 1 and "did the run finish" in unfinished.stderr
-    assert "Traceback" not in unfinished.stderr + bad_suffix.stderr
+    assert "Traceback" not in unfinished.stderr + bad_suffix.stderr + not_a_run.stderr
 
 
 # --- reproducibility ---------------------------------------------------------------------------------
@@ -403,3 +407,12 @@ def test_resume_with_a_malformed_config_exits_2_naming_it(tmp_path: Path, text: 
     result = palomino("train", "--resume", run, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and ("config" in result.stderr or "grid.rows" in result.stderr), result.stderr
+
+
+def test_the_cli_takes_verbose_after_the_command_and_refuses_what_is_not_a_choice(tmp_path: Path) -> None:
+    late = palomino("sample", tmp_path, "--n", "1", "--out", tmp_path / "x.npy", "-v", cwd=tmp_path)
+    assert late.returncode == 2 and "not a run directory" in late.stderr and "No such option" not in late.stderr
+    for args, what in ((("score", tmp_path, "--extractor", "vgg"), "'vgg' is not one of"), (("score", tmp_path, "--device", "gpu"), "use cpu, cuda or cuda:N"),
+                       (("classifier", "train", "--data", "gaussian_ring", "--out", tmp_path / "c.safetensors"), "is not one of")):
+        done = palomino(*args, cwd=tmp_path)
+        assert done.returncode == 2 and what in done.stderr, done.stderr
