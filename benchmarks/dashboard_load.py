@@ -84,7 +84,12 @@ def tree_cpu(root: int, only: str | None = None) -> float:
 
 def record(row: int, col: int, iteration: int, rows: int, cols: int, rng: random.Random) -> dict:
     """A metrics.jsonl line as a cell writes it (the same fields and sizes)."""
-    neighbours = [f"{(row - 1) % rows}-{col}", f"{(row + 1) % rows}-{col}", f"{row}-{(col - 1) % cols}", f"{row}-{(col + 1) % cols}"]
+    neighbours = [
+        f"{(row - 1) % rows}-{col}",
+        f"{(row + 1) % rows}-{col}",
+        f"{row}-{(col - 1) % cols}",
+        f"{row}-{(col + 1) % cols}",
+    ]
     weights = [rng.random() for _ in range(5)]
     return {
         "iteration": iteration, "cell": [row, col], "epoch": 0,
@@ -101,7 +106,9 @@ def record(row: int, col: int, iteration: int, rows: int, cols: int, rng: random
 async def publish_load(run: RunDirectory, feed: str, rows: int, cols: int, seconds: float, sent: list[int]) -> None:
     """Every cell once a second, spread over the second; sent[0] = the newest iteration fully sent."""
     rng = random.Random(0)
-    channel = await ControlChannel(BROKER, f"cell.dashboard-bench-{os.getpid()}").connect() if feed == "broker" else None
+    channel = (
+        await ControlChannel(BROKER, f"cell.dashboard-bench-{os.getpid()}").connect() if feed == "broker" else None
+    )
     start = time.monotonic()
     try:
         iteration = 0
@@ -138,15 +145,21 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     folder = Path(tempfile.mkdtemp(prefix="palomino-dashboard-load-"))
-    config = parse_config({"name": "load", "grid": {"rows": args.rows, "cols": args.cols}, "training": {"iterations": 10_000}})
+    config = parse_config(
+        {"name": "load", "grid": {"rows": args.rows, "cols": args.cols}, "training": {"iterations": 10_000}}
+    )
     run = RunDirectory.create(folder, config)
-    run.append_topology(Topology(args.rows, args.cols), {f"{r}-{c}": f"w{r}-{c}" for r in range(args.rows) for c in range(args.cols)})
+    run.append_topology(
+        Topology(args.rows, args.cols), {f"{r}-{c}": f"w{r}-{c}" for r in range(args.rows) for c in range(args.cols)}
+    )
     port = free_port()
     command = [sys.executable, "-m", "palomino", "dashboard", "--runs", str(folder), "--port", str(port)]
     if args.feed == "broker":
         command += ["--broker", BROKER]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    dashboard = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=open(folder / "dashboard.log", "wb"))
+    dashboard = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=open(folder / "dashboard.log", "wb")
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -167,7 +180,9 @@ def main() -> None:
             cdp.send("Performance.enable")
             page.goto(f"{url}/#/exp/{run.experiment}/cell/{args.rows // 2}-{args.cols // 2}")
             tiles = args.rows * args.cols
-            page.wait_for_function(f"() => document.querySelectorAll('#heatmap .tile').length === {tiles}", timeout=60_000)
+            page.wait_for_function(
+                f"() => document.querySelectorAll('#heatmap .tile').length === {tiles}", timeout=60_000
+            )
 
             def busy() -> float:
                 metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
@@ -193,14 +208,20 @@ def main() -> None:
             loop = asyncio.new_event_loop()
             import threading
 
-            publisher = threading.Thread(target=lambda: loop.run_until_complete(publish_load(run, args.feed, args.rows, args.cols, args.seconds, sent)))
+            publisher = threading.Thread(
+                target=lambda: loop.run_until_complete(
+                    publish_load(run, args.feed, args.rows, args.cols, args.seconds, sent)
+                )
+            )
 
             def under_load(began: float) -> list[tuple[int, int, int]]:
                 publisher.start()
                 samples = []
                 while publisher.is_alive():
                     time.sleep(1.0)
-                    shown = page.eval_on_selector_all("#heatmap .tile", "ts => ts.map(t => t.dataset.iteration === '' ? -1 : +t.dataset.iteration)")
+                    shown = page.eval_on_selector_all(
+                        "#heatmap .tile", "ts => ts.map(t => t.dataset.iteration === '' ? -1 : +t.dataset.iteration)"
+                    )
                     samples.append((sent[0], min(shown), page.evaluate("window.palomino.events")))
                 publisher.join()
                 return samples
@@ -217,20 +238,33 @@ def main() -> None:
 
     lags = [max(0, s - m) for s, m, _ in loaded["samples"][2:] if s >= 0]  # skip the first seconds (warm-up)
     total = (sent[0] + 1) * args.rows * args.cols
-    print(f"grid {args.rows}×{args.cols}, feed {args.feed}: {total} records sent in {loaded['seconds']:.0f} s "
-          f"({total / loaded['seconds']:.0f}/s); the page received {received} events ({frames} frames drawn)")
+    print(
+        f"grid {args.rows}×{args.cols}, feed {args.feed}: {total} records sent in {loaded['seconds']:.0f} s "
+        f"({total / loaded['seconds']:.0f}/s); the page received {received} events ({frames} frames drawn)"
+    )
     print(f"after the load every tile shows iteration {min(shown)}–{max(shown)} (newest sent: {sent[0]})")
     if lags:
-        print(f"heat map lag behind the newest iteration sent (1 s each): median {statistics.median(lags):.0f}, max {max(lags)} "
-              f"(over {len(lags)} samples)   target ≤ 2")
+        print(
+            f"heat map lag behind the newest iteration sent (1 s each): median {statistics.median(lags):.0f}, max {max(lags)} "
+            f"(over {len(lags)} samples)   target ≤ 2"
+        )
     print(f"{'':12}{'idle %core':>12}{'load %core':>12}{'load/idle':>11}")
     for key, label in (("server", "dashboard"), ("browser", "chromium"), ("renderer", "renderer*")):
         ratio = loaded[key] / idle[key] if idle[key] > 0.05 else float("inf")
         print(f"{label:12}{idle[key]:12.1f}{loaded[key]:12.1f}{ratio:11.1f}")
     print("* renderer: Chrome's TaskDuration (the page's main thread busy time), as % of wall time")
     print(f"(run directory and dashboard log: {folder})")
-    json.dump({"idle": idle, "loaded": {k: v for k, v in loaded.items() if k != "samples"}, "lags": lags, "received": received, "sent": total},
-              open(folder / "result.json", "w"), indent=2)
+    json.dump(
+        {
+            "idle": idle,
+            "loaded": {k: v for k, v in loaded.items() if k != "samples"},
+            "lags": lags,
+            "received": received,
+            "sent": total,
+        },
+        open(folder / "result.json", "w"),
+        indent=2,
+    )
 
 
 if __name__ == "__main__":

@@ -62,7 +62,13 @@ async def latency(network: str, count: int) -> dict:
             await sender.publish(snapshot)
             await receiver.wait(Coord(0, 0), i, timeout=30)
             times.append((time.perf_counter() - sent) * 1000)
-    return {"network": network, "bytes": len(body), "p50_ms": statistics.median(times), "p99_ms": percentile(times, 0.99), "codec_ms": codec_ms}
+    return {
+        "network": network,
+        "bytes": len(body),
+        "p50_ms": statistics.median(times),
+        "p99_ms": percentile(times, 0.99),
+        "codec_ms": codec_ms,
+    }
 
 
 def shares(run_dir: Path) -> dict:
@@ -70,24 +76,35 @@ def shares(run_dir: Path) -> dict:
     total = sum(sum(r["seconds"].values()) for r in records)
     wait = sum(r["seconds"]["wait"] for r in records)
     comm = sum(r["seconds"]["communicate"] for r in records)
-    return {"run": run_dir.name, "records": len(records), "wait_pct": 100 * wait / total, "communicate_pct": 100 * comm / total}
+    return {
+        "run": run_dir.name,
+        "records": len(records),
+        "wait_pct": 100 * wait / total,
+        "communicate_pct": 100 * comm / total,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--network", nargs="+", default=["mlp", "dcgan"])
     parser.add_argument("--count", type=int, default=200)
-    parser.add_argument("--runs", nargs="*", type=Path, default=[], help="finished run directories to read time shares from")
+    parser.add_argument(
+        "--runs", nargs="*", type=Path, default=[], help="finished run directories to read time shares from"
+    )
     args = parser.parse_args()
     print(f"{'network':<8} {'bytes':>10} {'p50 ms':>8} {'p99 ms':>8} {'codec ms':>9} {'broker/codec':>13}")
     for network in args.network:
         row = asyncio.run(latency(network, args.count))
         ratio = row["p50_ms"] / row["codec_ms"]
-        print(f"{row['network']:<8} {row['bytes']:>10} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} {row['codec_ms']:>9.2f} {ratio:>13.1f}")
+        print(
+            f"{row['network']:<8} {row['bytes']:>10} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} {row['codec_ms']:>9.2f} {ratio:>13.1f}"
+        )
     print("target: mlp p50 ≤ 20 ms")
     for run in args.runs:
         s = shares(run)
-        print(f"{s['run']}: {s['records']} cell-iterations, waiting {s['wait_pct']:.1f} %, communicating {s['communicate_pct']:.1f} % (target: together ≤ 5 %)")
+        print(
+            f"{s['run']}: {s['records']} cell-iterations, waiting {s['wait_pct']:.1f} %, communicating {s['communicate_pct']:.1f} % (target: together ≤ 5 %)"
+        )
 
 
 if __name__ == "__main__":

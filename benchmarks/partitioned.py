@@ -60,7 +60,9 @@ def palomino_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "palomino.cli"]
 
 
-def experiment(model: str, args: argparse.Namespace, *, classes: list[int] | None = None, iterations: int | None = None) -> dict[str, Any]:
+def experiment(
+    model: str, args: argparse.Namespace, *, classes: list[int] | None = None, iterations: int | None = None
+) -> dict[str, Any]:
     """The YAML of one model at the shared budget: `args.steps` steps summed over its cells
     (`partitioned-equal`: `args.steps` per cell, what one core per class buys in the same time)."""
     partitioned = model.startswith("partitioned")
@@ -100,7 +102,9 @@ def train(raw: dict[str, Any], out: Path) -> tuple[Path, float]:
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     start = time.perf_counter()
-    done = subprocess.run([*palomino_command(), "train", str(config), "--out", str(out)], capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [*palomino_command(), "train", str(config), "--out", str(out)], capture_output=True, text=True, env=env
+    )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{raw['name']}: train failed ({done.returncode})\n{done.stderr[-3000:]}")
@@ -120,7 +124,9 @@ class OneClass:
 
 def score(run: Path, args: argparse.Namespace, classifier: Path, cache: Path) -> dict[str, Any]:
     data = DataConfig(name="fashion_mnist", dir=args.data_dir, split="test")
-    options = ScoringOptions(metrics=["fid", "is", "tvd"], samples=args.samples, classifier=classifier, cache_dir=cache, seed=1)
+    options = ScoringOptions(
+        metrics=["fid", "is", "tvd"], samples=args.samples, classifier=classifier, cache_dir=cache, seed=1
+    )
     mixture = Mixture.load(run / "result")
     overall = ScoringContext.prepare(data, options).score(mixture)
     out = {name: overall["metrics"][name]["value"] for name in ("fid", "is", "tvd")}
@@ -136,31 +142,53 @@ def score(run: Path, args: argparse.Namespace, classifier: Path, cache: Path) ->
         with torch.no_grad():
             drawn = one.sample(args.class_samples, seed=label)
             hits.append(float((net(drawn).argmax(1) == label).float().mean()))
-    out.update({"class_fid": statistics.mean(fids), "class_hit": statistics.mean(hits), "class_fids": fids, "class_hits": hits})
+    out.update(
+        {"class_fid": statistics.mean(fids), "class_hit": statistics.mean(hits), "class_fids": fids, "class_hits": hits}
+    )
     return out
 
 
 def quality(args: argparse.Namespace, out: Path, classifier: Path) -> list[dict[str, Any]]:
     rows = []
-    print(f"\nquality: Fashion-MNIST, {args.steps} G+D steps in all per model (batch {args.batch}, DCGAN width {args.width}, "
-          f"lr {args.learning_rate}), "
-          f"{args.samples} samples scored against the test split", flush=True)
-    print(f"{'model':<18}{'cells':>6}{'steps/cell':>11}{'train s':>9}{'FID':>9}{'IS':>7}{'TVD':>7}{'class FID':>11}{'class hit':>11}", flush=True)
+    print(
+        f"\nquality: Fashion-MNIST, {args.steps} G+D steps in all per model (batch {args.batch}, DCGAN width {args.width}, "
+        f"lr {args.learning_rate}), "
+        f"{args.samples} samples scored against the test split",
+        flush=True,
+    )
+    print(
+        f"{'model':<18}{'cells':>6}{'steps/cell':>11}{'train s':>9}{'FID':>9}{'IS':>7}{'TVD':>7}{'class FID':>11}{'class hit':>11}",
+        flush=True,
+    )
     for model in MODELS + (("partitioned-equal",) if args.equal_steps else ()):
         raw = experiment(model, args)
         run, seconds = train(raw, out / "quality")
         result = score(run, args, classifier, out / "cache")
         cells = CLASSES if model.startswith("partitioned") else 1
         steps = raw["training"]["iterations"] * raw["training"]["batches_per_iteration"]
-        row = {"model": model, "cells": cells, "steps_per_cell": steps, "train_seconds": seconds, "run": str(run), **result}
+        row = {
+            "model": model,
+            "cells": cells,
+            "steps_per_cell": steps,
+            "train_seconds": seconds,
+            "run": str(run),
+            **result,
+        }
         rows.append(row)
         class_fid = f"{row['class_fid']:.2f}" if "class_fid" in row else "–"
         class_hit = f"{row['class_hit']:.1%}" if "class_hit" in row else "–"
-        print(f"{model:<18}{cells:>6}{steps:>11}{seconds:>9.0f}{row['fid']:>9.2f}{row['is']:>7.2f}{row['tvd']:>7.3f}{class_fid:>11}{class_hit:>11}", flush=True)
+        print(
+            f"{model:<18}{cells:>6}{steps:>11}{seconds:>9.0f}{row['fid']:>9.2f}{row['is']:>7.2f}{row['tvd']:>7.3f}{class_fid:>11}{class_hit:>11}",
+            flush=True,
+        )
     base = rows[0]
-    print("ratios to dcgan: " + ", ".join(
-        f"{r['model']}: FID ×{r['fid'] / base['fid']:.2f}, IS ×{r['is'] / base['is']:.2f}" for r in rows[1:]
-    ), flush=True)
+    print(
+        "ratios to dcgan: "
+        + ", ".join(
+            f"{r['model']}: FID ×{r['fid'] / base['fid']:.2f}, IS ×{r['is'] / base['is']:.2f}" for r in rows[1:]
+        ),
+        flush=True,
+    )
     return rows
 
 
@@ -179,7 +207,9 @@ def class_worker(label: int, classes: int, raw: dict[str, Any], barrier: Any, it
     device = config.device
     if device == "cuda" and torch.cuda.device_count() > 1:  # a GPU per class, round robin
         device = f"cuda:{label % torch.cuda.device_count()}"
-    cell = Cell(next(grid.cells()), grid, config, load_dataset(config.data, config.seed), experiment="scaling", device=device)
+    cell = Cell(
+        next(grid.cells()), grid, config, load_dataset(config.data, config.seed), experiment="scaling", device=device
+    )
     cell.iterate({})  # warm-up: allocations, the first data pass
     barrier.wait()  # all classes train at the same time from here on
     times = []
@@ -194,8 +224,11 @@ def class_worker(label: int, classes: int, raw: dict[str, Any], barrier: Any, it
 def scaling(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     per_cell = args.scaling_steps
-    print(f"\nweak scaling: one process per class (a 1×1 sub-grid each, {per_cell} steps per iteration, batch {args.batch}, "
-          f"all started together); {cores} cores here, device {args.device}", flush=True)
+    print(
+        f"\nweak scaling: one process per class (a 1×1 sub-grid each, {per_cell} steps per iteration, batch {args.batch}, "
+        f"all started together); {cores} cores here, device {args.device}",
+        flush=True,
+    )
     print(f"{'classes':>8}{'processes':>10}{'s/iteration':>13}{'vs 1 class':>12}{'steps/s (all)':>15}", flush=True)
     context = multiprocessing.get_context("spawn")
     rows: list[dict[str, Any]] = []
@@ -206,7 +239,9 @@ def scaling(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         with context.Manager() as manager:
             barrier = manager.Barrier(k)
             with ProcessPoolExecutor(k, mp_context=context) as pool:
-                jobs = [pool.submit(class_worker, label, k, raw, barrier, args.scaling_iterations) for label in range(k)]
+                jobs = [
+                    pool.submit(class_worker, label, k, raw, barrier, args.scaling_iterations) for label in range(k)
+                ]
                 times = [job.result() for job in jobs]
         per_iteration = statistics.mean(statistics.median(t) for t in times)
         rows.append({"classes": k, "seconds_per_iteration": per_iteration, "times": times})
@@ -218,7 +253,9 @@ def scaling(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 def ensure_classifier(args: argparse.Namespace, out: Path) -> Path:
     if args.classifier is not None:
         meta = load_classifier(args.classifier).meta
-        print(f"classifier: {args.classifier} ({meta['dataset']}, test accuracy {meta['accuracy']:.2%}, {meta['split']})")
+        print(
+            f"classifier: {args.classifier} ({meta['dataset']}, test accuracy {meta['accuracy']:.2%}, {meta['split']})"
+        )
         return args.classifier
     print("no --classifier: training a quick one (10,000 images, 3 epochs)", flush=True)
     trained = train_classifier(DataConfig(name="fashion_mnist", dir=args.data_dir), train_size=10_000, epochs=3)
@@ -230,8 +267,11 @@ def ensure_classifier(args: argparse.Namespace, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("quality", "scaling"), help="run one part only")
-    parser.add_argument("--equal-steps", action="store_true",
-                        help="also partitioned-equal: --steps per class (10× the compute; the same time on 10 cores)")
+    parser.add_argument(
+        "--equal-steps",
+        action="store_true",
+        help="also partitioned-equal: --steps per class (10× the compute; the same time on 10 cores)",
+    )
     parser.add_argument("--steps", type=int, default=2000, help="G+D steps per model, summed over its cells")
     parser.add_argument("--iterations", type=int, default=10, help="iterations per cell (quality)")
     parser.add_argument("--batch", type=int, default=64)

@@ -62,17 +62,26 @@ class Case:
 
 # Images: the same per-cell budget for every grid size (30 iterations × 50 batches of 100), so
 # a bigger grid spends more in all; its baselines get as much. --quick cuts it to 4 × 20.
-IMAGE_BUDGET = ("training.iterations=30", "training.batches_per_iteration=50", "training.sample_every=0", "training.checkpoint_every=0")
+IMAGE_BUDGET = (
+    "training.iterations=30",
+    "training.batches_per_iteration=50",
+    "training.sample_every=0",
+    "training.checkpoint_every=0",
+)
 IMAGE_QUICK = ("training.iterations=4", "training.batches_per_iteration=20")
 MNIST = (f"data.dir={MNIST_DIR}", "data.split=test")  # the offline copy: 8,000 images to train on, 2,000 held out
 CASES: dict[str, Case] = {
     "ring-3x3": Case("ring-3x3", quick=("training.iterations=30",)),
     "grid-4x4": Case("grid-4x4", quick=("training.iterations=30",)),
     **{
-        f"mnist-{n}x{n}": Case("mnist-mlp-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK)
+        f"mnist-{n}x{n}": Case(
+            "mnist-mlp-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
+        )
         for n in (1, 2, 3, 4)
     },
-    "fashion-3x3": Case("mnist-mlp-3x3", (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"), IMAGE_QUICK),
+    "fashion-3x3": Case(
+        "mnist-mlp-3x3", (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"), IMAGE_QUICK
+    ),
 }
 
 
@@ -105,7 +114,11 @@ def draw(generators: list[torch.nn.Module], weights: np.ndarray, n: int, latent:
     from palomino.runs.mixture import component_counts
 
     g = torch.Generator().manual_seed(seed)
-    parts = [net.eval()(torch.randn(int(k), latent, generator=g)) for net, k in zip(generators, component_counts(weights, n)) if k]
+    parts = [
+        net.eval()(torch.randn(int(k), latent, generator=g))
+        for net, k in zip(generators, component_counts(weights, n))
+        if k
+    ]
     return torch.cat(parts)
 
 
@@ -134,7 +147,12 @@ class Referee:
 
         features, logits = self.extractor.extract(((samples + 1) / 2).clamp(0, 1))
         real_features, real_logits = self.real
-        fid = frechet_distance(features.double().mean(0), torch.cov(features.double().T), real_features.double().mean(0), torch.cov(real_features.double().T))
+        fid = frechet_distance(
+            features.double().mean(0),
+            torch.cov(features.double().T),
+            real_features.double().mean(0),
+            torch.cov(real_features.double().T),
+        )
         from palomino.scoring.tvd import total_variation
 
         classes = real_logits.shape[1]
@@ -222,18 +240,26 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: P
     latent, n = config.network.latent_dim, referee.sample_count()
 
     if referee.extractor is not None:  # the grid's ensemble optimises FID on these features (training data)
-        config = config.model_copy(update={"scoring": config.scoring.model_copy(update={"classifier": referee.classifier})})
+        config = config.model_copy(
+            update={"scoring": config.scoring.model_copy(update={"classifier": referee.classifier})}
+        )
     run, grid_seconds = run_grid(config, train, out / name)
     g, d, cells = grid_steps(run)
     result = Mixture.load(run.result_dir)
-    grid = Result(name, seed, "grid", g + d, grid_seconds, referee.score(result.sample(n, seed=seed + 100, data_space=False)))
+    grid = Result(
+        name, seed, "grid", g + d, grid_seconds, referee.score(result.sample(n, seed=seed + 100, data_space=False))
+    )
     if held_out is None:  # per-cell diversity: each cell's own generator, and their union
         per_cell = [
             mode_coverage(draw([own_generator(run, c)], np.ones(1), n, latent, seed + 200), train.modes, train.mode_std)
             for c in sorted(_cells(run))
         ]
         union = np.array([[k >= 20 for k in p.counts] for p in per_cell]).any(0).sum()
-        grid.scores.update(cell_modes=float(np.mean([p.covered for p in per_cell])), union=int(union), used=int((result.weights > 0).sum()))
+        grid.scores.update(
+            cell_modes=float(np.mean([p.covered for p in per_cell])),
+            union=int(union),
+            used=int((result.weights > 0).sum()),
+        )
 
     dumped = config.model_dump(mode="json")
     plain_job = pool.submit(train_plain, dumped, train, (g, d), seed + 1000)
@@ -250,12 +276,18 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: P
         critics.append(critic)
         times.append(seconds)
     best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
-    results.append(Result(name, seed, "indep-best", g + d, sum(times), referee.score(baseline.sample([nets[best]], [critics[best]]))))
+    results.append(
+        Result(
+            name, seed, "indep-best", g + d, sum(times), referee.score(baseline.sample([nets[best]], [critics[best]]))
+        )
+    )
     results.append(Result(name, seed, "indep-mix", g + d, sum(times), referee.score(baseline.sample(nets, critics))))
     return results
 
 
-def built(config: ExperimentConfig, train: Dataset, job: tuple[dict, dict, float]) -> tuple[torch.nn.Module, torch.nn.Module, float]:
+def built(
+    config: ExperimentConfig, train: Dataset, job: tuple[dict, dict, float]
+) -> tuple[torch.nn.Module, torch.nn.Module, float]:
     """(generator, discriminator, seconds) of a baseline trained in the pool."""
     g_state, d_state, seconds = job
     generator = build_generator(config.network, train.sample_shape, train.kind)
@@ -284,10 +316,21 @@ class Baseline:
             return draw(generators, weights, self.n, self.config.network.latent_dim, self.seed + 100)
         from palomino.coevolution.rejection import CriticFilter
 
-        real = self.train.samples[torch.randperm(len(self.train), generator=torch.Generator().manual_seed(self.seed + 11))[:2000]]
+        real = self.train.samples[
+            torch.randperm(len(self.train), generator=torch.Generator().manual_seed(self.seed + 11))[:2000]
+        ]
         rule = CriticFilter.calibrate(critics, real, quantile)
-        mixture = Mixture(generators, weights, [str(i) for i in range(len(generators))], self.config.network,
-                          self.train.sample_shape, self.train.kind, {}, critics=critics, threshold=rule.threshold)
+        mixture = Mixture(
+            generators,
+            weights,
+            [str(i) for i in range(len(generators))],
+            self.config.network,
+            self.train.sample_shape,
+            self.train.kind,
+            {},
+            critics=critics,
+            threshold=rule.threshold,
+        )
         return mixture.sample(self.n, seed=self.seed + 100, data_space=False)
 
 
@@ -303,18 +346,32 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
     for case in dict.fromkeys(r.case for r in results):
         for method in dict.fromkeys(r.method for r in results if r.case == case):
             mine = [r for r in results if r.case == case and r.method == method]
-            row: dict[str, Any] = {"case": case, "method": method, "seeds": len(mine), "steps": mine[0].steps,
-                                   "seconds": float(np.mean([r.seconds for r in mine]))}
+            row: dict[str, Any] = {
+                "case": case,
+                "method": method,
+                "seeds": len(mine),
+                "steps": mine[0].steps,
+                "seconds": float(np.mean([r.seconds for r in mine])),
+            }
             for key in mine[0].scores:
                 values = [r.scores[key] for r in mine]
-                row[key] = {"mean": float(np.mean(values)), "sd": float(np.std(values)), "min": float(np.min(values)), "values": values}
+                row[key] = {
+                    "mean": float(np.mean(values)),
+                    "sd": float(np.std(values)),
+                    "min": float(np.min(values)),
+                    "values": values,
+                }
             rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     keys = [k for k in ("modes", "hq", "cell_modes", "union", "used", "fid", "tvd") if any(k in r for r in rows)]
-    lines = [f"{'case':<12}{'method':<12}{'seeds':>6}" + "".join(f"{k:>16}" for k in keys) + f"{'G+D steps':>12}{'wall s':>9}"]
+    lines = [
+        f"{'case':<12}{'method':<12}{'seeds':>6}"
+        + "".join(f"{k:>16}" for k in keys)
+        + f"{'G+D steps':>12}{'wall s':>9}"
+    ]
     for r in rows:
         cells = "".join(f"{r[k]['mean']:>9.3f} ±{r[k]['sd']:<5.3f}" if k in r else f"{'':>16}" for k in keys)
         lines.append(f"{r['case']:<12}{r['method']:<12}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}")
@@ -332,10 +389,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for ax, case in zip(axes[0], cases):
         mine = [r for r in rows if r["case"] == case]
         key = "hq" if "hq" in mine[0] else "fid"
-        ax.bar([r["method"] for r in mine], [r[key]["mean"] for r in mine], yerr=[r[key]["sd"] for r in mine], color="#5b8def")
+        ax.bar(
+            [r["method"] for r in mine],
+            [r[key]["mean"] for r in mine],
+            yerr=[r[key]["sd"] for r in mine],
+            color="#5b8def",
+        )
         if key == "hq":
             for i, r in enumerate(mine):
-                ax.text(i, r[key]["mean"] / 2, f"{r['modes']['mean']:.1f} modes", ha="center", fontsize=8, color="white")
+                ax.text(
+                    i, r[key]["mean"] / 2, f"{r['modes']['mean']:.1f} modes", ha="center", fontsize=8, color="white"
+                )
         ax.set_title(f"{case} ({key}; {mine[0]['seeds']} seeds)")
         ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
@@ -347,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cases", nargs="*", help=f"cases (default: ring-3x3 grid-4x4); any of {', '.join(CASES)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3 4 (--quick: 0 1)")
     parser.add_argument("--quick", action="store_true", help="short runs of ring-3x3, 2 seeds: a few minutes")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
-    parser.add_argument("--out", type=Path, default=None, help="keep runs, table.json and table.png here (default: a temp dir)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="passed to every run"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="keep runs, table.json and table.png here (default: a temp dir)"
+    )
     args = parser.parse_args(argv)
     cases = args.cases or (["ring-3x3"] if args.quick else ["ring-3x3", "grid-4x4"])
     unknown = [c for c in cases if c not in CASES]
@@ -366,12 +434,22 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in seeds:
                     for r in evaluate_case(name, seed, overrides, out, pool):
                         results.append(r)
-                        shown = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.scores.items())
-                        print(f"{r.case} seed {seed} {r.method}: {shown} ({r.steps} steps, {r.seconds:.0f} s)", file=sys.stderr, flush=True)
+                        shown = " ".join(
+                            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.scores.items()
+                        )
+                        print(
+                            f"{r.case} seed {seed} {r.method}: {shown} ({r.steps} steps, {r.seconds:.0f} s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
         rows = summarise(results)
         print(format_table(rows))
-        (out / "table.json").write_text(json.dumps({"cases": cases, "seeds": seeds, "overrides": args.overrides, "quick": args.quick,
-                                                    "rows": rows}, indent=2))
+        (out / "table.json").write_text(
+            json.dumps(
+                {"cases": cases, "seeds": seeds, "overrides": args.overrides, "quick": args.quick, "rows": rows},
+                indent=2,
+            )
+        )
         plot(rows, out / "table.png")
         if args.out:
             print(f"\n{out / 'table.json'}  {out / 'table.png'}", file=sys.stderr)

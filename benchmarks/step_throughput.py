@@ -71,7 +71,9 @@ def load_data(data_dir: Path) -> tuple[Dataset, str]:
     except Exception as e:  # noqa: BLE001 - any failure means: use the fallback, and say so
         samples = torch.rand((10_000, *SAMPLE_SHAPE), generator=torch.Generator().manual_seed(0)) * 2 - 1
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return Dataset("random", samples, None, "image"), f"RANDOM tensors (10000, 1, 28, 28) in [-1, 1] - no MNIST: {reason}"
+        return Dataset(
+            "random", samples, None, "image"
+        ), f"RANDOM tensors (10000, 1, 28, 28) in [-1, 1] - no MNIST: {reason}"
 
 
 def make_config(network: str, batches: int, batch_size: int, device: str) -> ExperimentConfig:
@@ -384,7 +386,9 @@ def print_breakdown(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--network", nargs="+", choices=("mlp", "dcgan"), default=["mlp", "dcgan"])
     parser.add_argument(
         "--batches",
@@ -411,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="MNIST directory (test split)")
     parser.add_argument("--no-breakdown", action="store_true", help="time the cell with no wrappers at all")
-    parser.add_argument("--profile", action="store_true", help="also print torch.profiler's top ops of one cell iteration")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print torch.profiler's top ops of one cell iteration"
+    )
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda, but torch.cuda.is_available() is False")

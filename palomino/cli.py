@@ -42,9 +42,17 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
 def train(
     config: Optional[Path] = typer.Argument(None, help="Experiment YAML (optional with --resume)."),
     out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the run directory is created."),
-    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."),
+    overrides: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."
+    ),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its checkpoints."),
-    dashboard: Optional[int] = typer.Option(None, "--dashboard", min=0, max=65535, help="Serve the live dashboard of this run on this port (0: any free port) while it trains."),
+    dashboard: Optional[int] = typer.Option(
+        None,
+        "--dashboard",
+        min=0,
+        max=65535,
+        help="Serve the live dashboard of this run on this port (0: any free port) while it trains.",
+    ),
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
     from palomino.config import dump_config, load_config
@@ -129,7 +137,9 @@ def train(
 
     if outcome.finished and outcome.classes is not None:
         per_class = ", ".join(f"{label}: {score:.4g} (cell {cell})" for label, (cell, score) in outcome.classes.items())
-        stderr.print(f"class mixture of {len(outcome.classes)} classes; best MMD² per class: {per_class}", highlight=False)
+        stderr.print(
+            f"class mixture of {len(outcome.classes)} classes; best MMD² per class: {per_class}", highlight=False
+        )
         print(run.path)
     elif outcome.finished:
         if outcome.best_cell == "grid":
@@ -177,9 +187,13 @@ def sample(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
     n: int = typer.Option(..., "--n", min=1, help="How many samples."),
     out: Path = typer.Option(..., "--out", help=".npy (float32, data space) or .png (image grid / scatter plot)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the latent draws (the same seed gives the same samples)."),
+    seed: int = typer.Option(
+        0, "--seed", min=0, help="Seed of the latent draws (the same seed gives the same samples)."
+    ),
     label: Optional[int] = typer.Option(
-        None, "--class", help="Draw from this class only (conditional or partitioned runs); else classes follow the priors."
+        None,
+        "--class",
+        help="Draw from this class only (conditional or partitioned runs); else classes follow the priors.",
     ),
 ) -> None:
     """Draw N samples from the run's best mixture, weights respected (a partitioned run's: the class mixture)."""
@@ -209,7 +223,9 @@ def sample(
     print(out)
 
 
-def _settings(broker: Optional[str] = None, redis: Optional[str] = None, orchestrator: Optional[str] = None, client: bool = False):
+def _settings(
+    broker: Optional[str] = None, redis: Optional[str] = None, orchestrator: Optional[str] = None, client: bool = False
+):
     """The services' settings (flags over PALOMINO_* variables); a bad variable, or a broker or Redis
     password left at an example's placeholder, exits 2 naming it."""
     from pydantic import ValidationError
@@ -220,7 +236,12 @@ def _settings(broker: Optional[str] = None, redis: Optional[str] = None, orchest
     try:
         settings = ServiceSettings().with_flags(broker_url=broker, redis_url=redis, orchestrator_url=orchestrator)
         if not client:  # a service: it connects to the broker and Redis with these
-            refuse_placeholder_passwords(**{"--broker / PALOMINO_BROKER_URL": settings.broker_url, "--redis / PALOMINO_REDIS_URL": settings.redis_url})
+            refuse_placeholder_passwords(
+                **{
+                    "--broker / PALOMINO_BROKER_URL": settings.broker_url,
+                    "--redis / PALOMINO_REDIS_URL": settings.redis_url,
+                }
+            )
         return settings
     except ValidationError as error:
         first = error.errors()[0]
@@ -243,16 +264,26 @@ def _device(value: Optional[str]) -> Optional[str]:
     return value
 
 
-BROKER = typer.Option(None, "--broker", envvar="PALOMINO_BROKER_URL", show_envvar=True, help="RabbitMQ URL (default: local guest).")
+BROKER = typer.Option(
+    None, "--broker", envvar="PALOMINO_BROKER_URL", show_envvar=True, help="RabbitMQ URL (default: local guest)."
+)
 REDIS = typer.Option(None, "--redis", envvar="PALOMINO_REDIS_URL", show_envvar=True, help="Redis URL (default: local).")
-ORCH = typer.Option(None, "--orchestrator", envvar="PALOMINO_ORCHESTRATOR_URL", show_envvar=True, help="Orchestrator URL (default: http://127.0.0.1:8000).")
+ORCH = typer.Option(
+    None,
+    "--orchestrator",
+    envvar="PALOMINO_ORCHESTRATOR_URL",
+    show_envvar=True,
+    help="Orchestrator URL (default: http://127.0.0.1:8000).",
+)
 
 
 @app.command(rich_help_panel="Services")
 def cell(
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
-    device: str = typer.Option("cpu", "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where this worker trains."),
+    device: str = typer.Option(
+        "cpu", "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where this worker trains."
+    ),
     worker_id: Optional[str] = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
 ) -> None:
     """A cell worker: registers, heartbeats, trains the cell it is assigned."""
@@ -292,7 +323,9 @@ def orchestrator(
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where run directories are written."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to serve on; anything but loopback needs PALOMINO_ORCHESTRATOR_TOKEN."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to serve on; anything but loopback needs PALOMINO_ORCHESTRATOR_TOKEN."
+    ),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port of the API (0: any free one)."),
 ) -> None:
     """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
@@ -324,7 +357,9 @@ def _experiment_yaml(config: Path, overrides: list[str]) -> str:
 @app.command(rich_help_panel="Orchestrator clients")
 def submit(
     config: Path = typer.Argument(..., help="Experiment YAML."),
-    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."),
+    overrides: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."
+    ),
     orchestrator: Optional[str] = ORCH,
 ) -> None:
     """Submit an experiment to the orchestrator; prints its id."""
@@ -366,7 +401,10 @@ def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = 
 
 
 @app.command(rich_help_panel="Orchestrator clients")
-def delete(experiment: str = typer.Argument(..., help="The experiment's id (from `submit`)."), orchestrator: Optional[str] = ORCH) -> None:
+def delete(
+    experiment: str = typer.Argument(..., help="The experiment's id (from `submit`)."),
+    orchestrator: Optional[str] = ORCH,
+) -> None:
     """Stop an experiment (its cells checkpoint and stop); prints its summary as JSON. The run directory stays."""
     import json
 
@@ -383,11 +421,15 @@ def up(
     cells: int = typer.Option(..., "--cells", min=1, help="Cell workers to start (the grid's cells)."),
     spares: int = typer.Option(0, "--spares", min=0, help="Extra workers that replace dead cells."),
     out: Path = typer.Option(Path("runs"), "--out", help="Where the run directory is written."),
-    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."),
+    overrides: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."
+    ),
     broker: Optional[str] = BROKER,
     redis: Optional[str] = REDIS,
     port: int = typer.Option(0, "--port", help="Orchestrator port; 0 picks a free one."),
-    scorers: int = typer.Option(1, "--scorers", min=0, help="Scorer processes; the final mixtures' scores go to scores.json."),
+    scorers: int = typer.Option(
+        1, "--scorers", min=0, help="Scorer processes; the final mixtures' scores go to scores.json."
+    ),
     score_timeout: float = typer.Option(600.0, "--score-timeout", help="Seconds to wait for the final scores."),
 ) -> None:
     """Start an orchestrator, N+K cells and scorers locally, run the experiment, stop them; prints the run directory."""
@@ -404,7 +446,9 @@ def up(
 
 
 @app.command(rich_help_panel="Services")
-def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(None, "--name", help="Default: host-pid.")) -> None:
+def scorer(
+    broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(None, "--name", help="Default: host-pid.")
+) -> None:
     """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
     from palomino.services.scorer import Scorer
 
@@ -413,11 +457,23 @@ def scorer(broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(No
 
 @app.command(rich_help_panel="Services")
 def dashboard(
-    orchestrator: Optional[str] = typer.Option(None, "--orchestrator", help="Orchestrator URL for history and liveness (else PALOMINO_ORCHESTRATOR_URL)."),
-    broker: Optional[str] = typer.Option(None, "--broker", help="RabbitMQ URL for live events (else PALOMINO_BROKER_URL)."),
-    runs: Optional[Path] = typer.Option(None, "--runs", help="Folder of run directories (else PALOMINO_DASHBOARD_RUNS; default ./runs without --orchestrator)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="0.0.0.0 to serve other machines (set PALOMINO_DASHBOARD_TOKEN then)."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="HTTP port of the page and its API (0: any free one)."),
+    orchestrator: Optional[str] = typer.Option(
+        None, "--orchestrator", help="Orchestrator URL for history and liveness (else PALOMINO_ORCHESTRATOR_URL)."
+    ),
+    broker: Optional[str] = typer.Option(
+        None, "--broker", help="RabbitMQ URL for live events (else PALOMINO_BROKER_URL)."
+    ),
+    runs: Optional[Path] = typer.Option(
+        None,
+        "--runs",
+        help="Folder of run directories (else PALOMINO_DASHBOARD_RUNS; default ./runs without --orchestrator).",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="0.0.0.0 to serve other machines (set PALOMINO_DASHBOARD_TOKEN then)."
+    ),
+    port: int = typer.Option(
+        8080, "--port", min=0, max=65535, help="HTTP port of the page and its API (0: any free one)."
+    ),
 ) -> None:
     """The dashboard: live heat maps of the grid in the browser (read-only)."""
     from palomino.services.dashboard import dashboard_settings, serve
@@ -432,17 +488,41 @@ def dashboard(
 @app.command(rich_help_panel="Train and use a run")
 def score(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
-    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points)."),
-    samples: Optional[int] = typer.Option(None, "--samples", help="Generated samples per mixture (default 10,000 images / 2,500 points)."),
-    extractor: Optional[Literal["classifier", "inception"]] = typer.Option(None, "--extractor", help="Feature extractor (default: classifier)."),
-    classifier: Optional[Path] = typer.Option(None, "--classifier", help="File of `palomino classifier train` (else PALOMINO_CLASSIFIER)."),
-    inception_weights: Optional[Path] = typer.Option(None, "--inception-weights", help="torch-fidelity's Inception-v3 weights (else PALOMINO_INCEPTION_WEIGHTS)."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Real-statistics cache (else PALOMINO_CACHE_DIR, else ~/.cache/palomino)."),
-    real_samples: Optional[int] = typer.Option(None, "--real-samples", help="Real images behind the real statistics (default 10,000; 0 = all)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the run's real data is, if not where its config says."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel scoring processes (default: one per core)."),
-    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of the generated and real samples (default: the run's seed)."),
-    device: Optional[str] = typer.Option(None, "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where to run the extractor."),
+    metrics: Optional[str] = typer.Option(
+        None,
+        "--metrics",
+        help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points).",
+    ),
+    samples: Optional[int] = typer.Option(
+        None, "--samples", help="Generated samples per mixture (default 10,000 images / 2,500 points)."
+    ),
+    extractor: Optional[Literal["classifier", "inception"]] = typer.Option(
+        None, "--extractor", help="Feature extractor (default: classifier)."
+    ),
+    classifier: Optional[Path] = typer.Option(
+        None, "--classifier", help="File of `palomino classifier train` (else PALOMINO_CLASSIFIER)."
+    ),
+    inception_weights: Optional[Path] = typer.Option(
+        None, "--inception-weights", help="torch-fidelity's Inception-v3 weights (else PALOMINO_INCEPTION_WEIGHTS)."
+    ),
+    cache_dir: Optional[Path] = typer.Option(
+        None, "--cache-dir", help="Real-statistics cache (else PALOMINO_CACHE_DIR, else ~/.cache/palomino)."
+    ),
+    real_samples: Optional[int] = typer.Option(
+        None, "--real-samples", help="Real images behind the real statistics (default 10,000; 0 = all)."
+    ),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="Where the run's real data is, if not where its config says."
+    ),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", min=1, help="Parallel scoring processes (default: one per core)."
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", min=0, help="Seed of the generated and real samples (default: the run's seed)."
+    ),
+    device: Optional[str] = typer.Option(
+        None, "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where to run the extractor."
+    ),
 ) -> None:
     """Score the run's best mixture and every cell's neighbourhood mixture; writes scores.json (printed last)."""
     from palomino.config import load_config
@@ -455,8 +535,16 @@ def score(
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)")
         config = load_config(config_path)
         options = ScoringOptions.build(
-            config.scoring, metrics=parse_metrics(metrics), samples=samples, extractor=extractor, classifier=classifier,
-            inception_weights=inception_weights, cache_dir=cache_dir, real_samples=real_samples, seed=seed, device=device,
+            config.scoring,
+            metrics=parse_metrics(metrics),
+            samples=samples,
+            extractor=extractor,
+            classifier=classifier,
+            inception_weights=inception_weights,
+            cache_dir=cache_dir,
+            real_samples=real_samples,
+            seed=seed,
+            device=device,
         )
         data = config.data.model_copy(update={"dir": data_dir}) if data_dir is not None else None
         report = score_run(run_dir, options, workers, data=data)
@@ -466,16 +554,25 @@ def score(
     print(run_dir / "scores.json")
 
 
-classifier_app = typer.Typer(no_args_is_help=True, help="The small CNN behind the classifier extractor (FID/IS features, TVD's class predictions).")
+classifier_app = typer.Typer(
+    no_args_is_help=True,
+    help="The small CNN behind the classifier extractor (FID/IS features, TVD's class predictions).",
+)
 app.add_typer(classifier_app, name="classifier", rich_help_panel="Train and use a run")
 
 
 @classifier_app.command("train")
 def classifier_train(
-    data: Literal["mnist", "fashion_mnist", "cifar10", "image_folder"] = typer.Option(..., "--data", help="A labelled image dataset."),
+    data: Literal["mnist", "fashion_mnist", "cifar10", "image_folder"] = typer.Option(
+        ..., "--data", help="A labelled image dataset."
+    ),
     out: Path = typer.Option(..., "--out", help="FILE.safetensors (metadata beside it in FILE.json)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the dataset's files are (default: its usual places)."),
-    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Default: about 150,000 images' worth, 5 to 30 epochs."),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="Where the dataset's files are (default: its usual places)."
+    ),
+    epochs: Optional[int] = typer.Option(
+        None, "--epochs", min=1, help="Default: about 150,000 images' worth, 5 to 30 epochs."
+    ),
     holdout: int = typer.Option(2000, "--holdout", min=1, help="Test images held out when only one split is present."),
     train_size: int = typer.Option(0, "--train-size", min=0, help="Train on this many images (0 = all)."),
     test_size: int = typer.Option(0, "--test-size", min=0, help="Test on this many images (0 = all)."),
@@ -498,7 +595,15 @@ def classifier_train(
         stderr.print(f"epoch {epoch}/{total}: loss {loss:.4f}", highlight=False)
 
     try:
-        trained = train_classifier(config, seed=seed, epochs=epochs, holdout=holdout, train_size=train_size, test_size=test_size, on_epoch=on_epoch)
+        trained = train_classifier(
+            config,
+            seed=seed,
+            epochs=epochs,
+            holdout=holdout,
+            train_size=train_size,
+            test_size=test_size,
+            on_epoch=on_epoch,
+        )
         save_classifier(trained, out)
     except PalominoError as error:
         raise _fail(error) from None

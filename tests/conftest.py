@@ -30,7 +30,16 @@ if "torch" in sys.modules:  # a plugin imported it first: the variables came too
 # temporary folders, besides the usual ones (tests/test_security.py sets its own).
 os.environ.setdefault(
     "PALOMINO_DATA_ROOTS",
-    os.pathsep.join([str(REPO.parent / "shared" / "datasets"), "/tmp", "data", "/data/datasets", "/usr/share/datasets", "~/.cache/palomino"]),
+    os.pathsep.join(
+        [
+            str(REPO.parent / "shared" / "datasets"),
+            "/tmp",
+            "data",
+            "/data/datasets",
+            "/usr/share/datasets",
+            "~/.cache/palomino",
+        ]
+    ),
 )
 
 # The smallest experiment that still exercises every part of an iteration (seconds on a laptop CPU).
@@ -88,9 +97,7 @@ def cli_command(*args: str | Path) -> list[str]:
 
 def palomino(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real command line to completion (stdout and stderr captured as text)."""
-    return subprocess.run(
-        cli_command(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(cli_command(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def start_palomino(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
@@ -127,7 +134,10 @@ def tiny_config() -> dict[str, Any]:
 
 
 async def raw_publish(
-    body: bytes | list[bytes], key: str, broker: str = "amqp://guest:guest@127.0.0.1:5672/", exchange: str = "palomino.snapshots"
+    body: bytes | list[bytes],
+    key: str,
+    broker: str = "amqp://guest:guest@127.0.0.1:5672/",
+    exchange: str = "palomino.snapshots",
 ) -> None:
     """Publish raw bytes (one body or several) on an exchange, as a confused or hostile client would."""
     import aio_pika
@@ -138,4 +148,3 @@ async def raw_publish(
         target = channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)
         for one in body if isinstance(body, list) else [body]:
             await target.publish(aio_pika.Message(one), routing_key=key)
-

@@ -31,7 +31,9 @@ def serve(folder: Path, name: str, args: list, env: dict[str, str], health: str)
     """Start `palomino <args>` until /healthz answers; yield its URL; stop it and check its log."""
     port = free_port()
     with open(folder / f"{name}.log", "wb") as log:
-        process = subprocess.Popen(cli_command(*args, "--port", str(port)), env={**cli_env(), **env}, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            cli_command(*args, "--port", str(port)), env={**cli_env(), **env}, stdout=log, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -51,7 +53,11 @@ def serve(folder: Path, name: str, args: list, env: dict[str, str], health: str)
 @pytest.fixture(scope="module")
 def orchestrator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("fuzz-orchestrator")
-    env = {"PALOMINO_ORCHESTRATOR_TOKEN": TOKEN, "PALOMINO_NAMESPACE": f"fuzz-{secrets.token_hex(4)}", "PALOMINO_DATA_ROOTS": str(folder)}
+    env = {
+        "PALOMINO_ORCHESTRATOR_TOKEN": TOKEN,
+        "PALOMINO_NAMESPACE": f"fuzz-{secrets.token_hex(4)}",
+        "PALOMINO_DATA_ROOTS": str(folder),
+    }
     for url in serve(folder, "orchestrator", ["orchestrator", "--runs", folder / "runs"], env, "/healthz"):
         # One experiment to find: the generated ids then also hit a real one now and then.
         OrchestratorClient(url, token=TOKEN).submit("name: fuzzed\ngrid: {rows: 1, cols: 1}\n")
@@ -63,7 +69,9 @@ def dashboard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("fuzz-dashboard")
     trained = palomino("train", write_yaml(folder / "tiny.yaml", tiny()), "--out", folder / "runs", cwd=folder)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    yield from serve(folder, "dashboard", ["dashboard", "--runs", folder / "runs"], {"PALOMINO_DASHBOARD_TOKEN": TOKEN}, "/healthz")
+    yield from serve(
+        folder, "dashboard", ["dashboard", "--runs", folder / "runs"], {"PALOMINO_DASHBOARD_TOKEN": TOKEN}, "/healthz"
+    )
 
 
 def fuzz(url: str, schema_path: str, open_paths: set[str], skip: set[str] = frozenset()) -> None:
@@ -80,11 +88,15 @@ def fuzz(url: str, schema_path: str, open_paths: set[str], skip: set[str] = froz
             for headers in ({"Authorization": f"Bearer {TOKEN}"}, {}):  # with the token, and as a stranger
                 response = case.call(base_url=url, headers=headers)
                 calls.append(response.status_code)
-                assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:500]}"
+                assert response.status_code < 500, (
+                    f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:500]}"
+                )
                 if headers:
                     case.validate_response(response, checks=[response_schema_conformance])
                 elif case.path not in open_paths:
-                    assert response.status_code == 401, f"{case.method} {case.formatted_path} answered {response.status_code} without the token"
+                    assert response.status_code == 401, (
+                        f"{case.method} {case.formatted_path} answered {response.status_code} without the token"
+                    )
 
         call()
         checked.append(f"{operation.method.upper()} {operation.path}")

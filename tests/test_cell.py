@@ -17,7 +17,18 @@ from palomino.data import Dataset, load_dataset
 from palomino.grid import Coord, Topology
 from palomino.wire import Snapshot, decode_snapshot, encode_snapshot
 
-REPORT_FIELDS = {"iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours", "steps"}
+REPORT_FIELDS = {
+    "iteration",
+    "cell",
+    "epoch",
+    "generator",
+    "discriminator",
+    "losses_used",
+    "score",
+    "mixture",
+    "neighbours",
+    "steps",
+}
 
 
 def config(**changes: Any) -> ExperimentConfig:
@@ -192,7 +203,9 @@ def test_missing_neighbours_are_left_out(ring: Dataset) -> None:
     cell = make_cell(cfg, ring, (0, 0))
     other = make_cell(cfg, ring, (0, 1))
     not_a_neighbour = make_cell(config(grid={"rows": 3, "cols": 3}), ring, (2, 2))
-    record = cell.iterate({Coord(0, 1): copy_of(other.snapshot()), Coord(2, 2): copy_of(not_a_neighbour.snapshot())}).to_json()
+    record = cell.iterate(
+        {Coord(0, 1): copy_of(other.snapshot()), Coord(2, 2): copy_of(not_a_neighbour.snapshot())}
+    ).to_json()
     assert record["neighbours"] == {"0-1": -1}
     assert set(record["mixture"]) == {"0-0", "0-1"}
 
@@ -273,7 +286,9 @@ def test_population_of_two(ring: Dataset, replacements: int) -> None:
 
 
 def test_wgan_gp(ring: Dataset) -> None:
-    cfg = config(grid={"rows": 1, "cols": 2}, training={"losses": ["wgan_gp"], "n_critic": 2, "batches_per_iteration": 4})
+    cfg = config(
+        grid={"rows": 1, "cols": 2}, training={"losses": ["wgan_gp"], "n_critic": 2, "batches_per_iteration": 4}
+    )
     records = run_grid(cfg, ring)
     assert all(r["losses_used"] == {"wgan_gp": 4} for rs in records.values() for r in rs)
 

@@ -23,7 +23,12 @@ def state(iteration: int) -> tuple[dict[str, torch.Tensor], dict]:
         "rng.torch": torch.randint(0, 255, (32,), dtype=torch.uint8, generator=g),
         "view": torch.randn(4, 4, generator=g).t(),  # non-contiguous input
     }
-    meta = {"iteration": iteration, "cursor": 7 * iteration, "rng": {"state": 2**100 + iteration}, "mixture": {"0-0": 1.0}}
+    meta = {
+        "iteration": iteration,
+        "cursor": 7 * iteration,
+        "rng": {"state": 2**100 + iteration},
+        "mixture": {"0-0": 1.0},
+    }
     return tensors, meta
 
 
@@ -103,7 +108,9 @@ def test_at_most(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
-def test_flipped_tensor_bytes_fall_back_to_the_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str) -> None:
+def test_flipped_tensor_bytes_fall_back_to_the_previous(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
     write(tmp_path, [1, 2, 3])
     path = tmp_path / "iter-3.safetensors"
     size = path.stat().st_size

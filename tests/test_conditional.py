@@ -244,4 +244,6 @@ def test_a_conditional_draw_is_classified_as_its_class(tmp_path: Path) -> None:
         for label in (0, 1, 4):
             drawn = mixture.sample(200, seed=3, labels=[label] * 200, data_space=False)
             hits = float((classifier(drawn.flatten(1)).argmax(1) == label).float().mean())
-            assert hits > 0.6, f"class {label}: {hits:.0%} of its draws classified as {label} (chance: 1/3 of these, 1/10 overall)"
+            assert hits > 0.6, (
+                f"class {label}: {hits:.0%} of its draws classified as {label} (chance: 1/3 of these, 1/10 overall)"
+            )

@@ -87,7 +87,12 @@ def test_overrides_win_over_the_file(tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "c.yaml", tiny())
     config = load_config(
         path,
-        ["training.iterations=11", "training.losses=[minimax,mse]", "grid.neighbourhood=moore", "training.mixture.sigma=0.5"],
+        [
+            "training.iterations=11",
+            "training.losses=[minimax,mse]",
+            "grid.neighbourhood=moore",
+            "training.mixture.sigma=0.5",
+        ],
     )
     assert config.training.iterations == 11
     assert config.training.losses == ["minimax", "mse"]

@@ -62,7 +62,9 @@ async def test_experiments_summary_metrics_and_topology(finished_run: Path) -> N
         # Paging: since/limit walk the same records in the same order.
         paged, since = [], 0
         while True:
-            page = (await client.get(f"/api/experiments/{experiment}/metrics", params={"since": since, "limit": 5})).json()
+            page = (
+                await client.get(f"/api/experiments/{experiment}/metrics", params={"since": since, "limit": 5})
+            ).json()
             paged += page["records"]
             if page["next"] >= page["total"]:
                 break
@@ -172,7 +174,12 @@ async def test_page_and_vendored_library(finished_run: Path) -> None:
         page = await client.get("/")
         assert page.status_code == 200 and "static/app.js" in page.text
         assert "default-src 'self'" in page.headers["content-security-policy"]
-        for asset in ("static/app.js", "static/style.css", "static/vendor/uPlot.iife.min.js", "static/vendor/uPlot.min.css"):
+        for asset in (
+            "static/app.js",
+            "static/style.css",
+            "static/vendor/uPlot.iife.min.js",
+            "static/vendor/uPlot.min.css",
+        ):
             assert f'"{asset}"' in page.text, asset
             assert (await client.get("/" + asset)).status_code == 200, asset
         assert "://" not in page.text, "the page must load nothing from elsewhere (no CDN)"
@@ -187,7 +194,9 @@ async def test_page_and_vendored_library(finished_run: Path) -> None:
 
 
 async def test_orchestrator_down_is_a_503_naming_it_and_runs_still_answer(finished_run: Path) -> None:
-    history = CombinedHistory([OrchestratorHistory("http://127.0.0.1:9", timeout=2), RunsHistory(RunsFolder(finished_run.parent))])
+    history = CombinedHistory(
+        [OrchestratorHistory("http://127.0.0.1:9", timeout=2), RunsHistory(RunsFolder(finished_run.parent))]
+    )
     app = create_app(history, EventHub())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dashboard") as client:
         listed = (await client.get("/api/experiments")).json()
@@ -207,7 +216,9 @@ def orchestrator_app_holding(run: Path):
     from palomino.services.settings import ServiceSettings
 
     app = orchestrator_app(ServiceSettings(), run.parent)
-    app.state.orchestrator.experiments[run.name] = Experiment(run.name, load_config(run / "config.yaml"), RunDirectory(run), state="finished")
+    app.state.orchestrator.experiments[run.name] = Experiment(
+        run.name, load_config(run / "config.yaml"), RunDirectory(run), state="finished"
+    )
     return app
 
 
@@ -237,7 +248,10 @@ async def test_the_orchestrator_serves_its_run_directories_read_only(finished_ru
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dashboard") as client:
         summary = (await client.get(f"/api/experiments/{experiment}")).json()
         assert summary["source"] == "orchestrator" and summary["state"] == "finished"
-        assert len((await client.get(f"/api/experiments/{experiment}/metrics")).json()["records"]) == len(CELLS) * ITERATIONS
+        assert (
+            len((await client.get(f"/api/experiments/{experiment}/metrics")).json()["records"])
+            == len(CELLS) * ITERATIONS
+        )
         picture = await client.get(f"/api/experiments/{experiment}/cells/1-1/samples/1.png")
         assert picture.content == (finished_run / "samples" / "1-1" / "iter-1.png").read_bytes()
         assert (await client.get(f"/api/experiments/{experiment}/cells/5-5/samples")).status_code == 404
@@ -298,7 +312,10 @@ def test_malformed_events_are_refused_with_a_reason(body: bytes, key: str | None
 
 
 def test_events_parse_nan_as_null() -> None:
-    event = parse_event(b'{"experiment": "e1", "kind": "metrics", "record": {"cell": [1, 0], "iteration": 4, "score": NaN}}', "exp.e1.metrics")
+    event = parse_event(
+        b'{"experiment": "e1", "kind": "metrics", "record": {"cell": [1, 0], "iteration": 4, "score": NaN}}',
+        "exp.e1.metrics",
+    )
     assert event["record"]["score"] is None
 
 

@@ -28,7 +28,10 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
-    pytest.skip("Debian's chromium is not installed (apt-get install chromium; `make test` installs it)", allow_module_level=True)
+    pytest.skip(
+        "Debian's chromium is not installed (apt-get install chromium; `make test` installs it)",
+        allow_module_level=True,
+    )
 
 from playwright.sync_api import sync_playwright  # noqa: E402  (after the skip: the browser is what it drives)
 
@@ -58,11 +61,19 @@ def broker():
     this broker would otherwise share the control queue and take some of our workers' registrations."""
     name = f"palomino-dashboard-{uuid.uuid4().hex[:8]}"
     ctl = shutil.which("rabbitmqctl")
-    made = ctl is not None and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60).returncode == 0
+    made = (
+        ctl is not None
+        and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60).returncode == 0
+    )
     if not made:
         yield BROKER
         return
-    subprocess.run([ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     yield BROKER.rstrip("/") + "/" + name
     subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60)
 
@@ -75,7 +86,9 @@ class Processes:
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.tmp_path / f"{name}.log", "wb")
-        self.running[name] = subprocess.Popen([sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.running[name] = subprocess.Popen(
+            [sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=self.env
+        )
         return self.running[name]
 
     def log(self, name: str) -> str:
@@ -115,7 +128,16 @@ def test_page_follows_a_running_2x2_experiment(stack: Processes, tmp_path: Path)
     dashboard = f"http://127.0.0.1:{dashboard_port}"
     stack.start("orchestrator", "orchestrator", "--runs", str(tmp_path / "runs"), "--port", str(orchestrator_port))
     wait_http(f"{orchestrator}/healthz", "the orchestrator", stack, "orchestrator")
-    stack.start("dashboard", "dashboard", "--orchestrator", orchestrator, "--broker", stack.env["PALOMINO_BROKER_URL"], "--port", str(dashboard_port))
+    stack.start(
+        "dashboard",
+        "dashboard",
+        "--orchestrator",
+        orchestrator,
+        "--broker",
+        stack.env["PALOMINO_BROKER_URL"],
+        "--port",
+        str(dashboard_port),
+    )
     wait_http(f"{dashboard}/healthz", "the dashboard", stack, "dashboard")
     workers = [f"b{orchestrator_port}-{i}" for i in range(4)]
     for i, worker in enumerate(workers):
@@ -135,7 +157,9 @@ def test_page_follows_a_running_2x2_experiment(stack: Processes, tmp_path: Path)
         print(f"\n[browser] four tiles: {cells}")
 
         # A tile's colour changes when the next metrics events arrive.
-        page.wait_for_function("() => document.querySelector('.tile[data-cell=\"0-1\"]').dataset.iteration !== ''", timeout=120_000)
+        page.wait_for_function(
+            "() => document.querySelector('.tile[data-cell=\"0-1\"]').dataset.iteration !== ''", timeout=120_000
+        )
         before, events_before = colour(page, "0-1"), page.evaluate("window.palomino.events")
         iteration_before = int(page.get_attribute('.tile[data-cell="0-1"]', "data-iteration"))
         page.wait_for_function(
@@ -146,8 +170,10 @@ def test_page_follows_a_running_2x2_experiment(stack: Processes, tmp_path: Path)
         after = colour(page, "0-1")
         iteration_after = int(page.get_attribute('.tile[data-cell="0-1"]', "data-iteration"))
         assert after != before and iteration_after >= iteration_before
-        print(f"[browser] tile 0-1: {before} (iteration {iteration_before}) → {after} (iteration {iteration_after}); "
-              f"{page.evaluate('window.palomino.events')} events in {page.evaluate('window.palomino.batches')} batches")
+        print(
+            f"[browser] tile 0-1: {before} (iteration {iteration_before}) → {after} (iteration {iteration_after}); "
+            f"{page.evaluate('window.palomino.events')} events in {page.evaluate('window.palomino.batches')} batches"
+        )
 
         # A cell's details: charts of its history, its newest samples beside the real ones.
         page.click('.tile[data-cell="1-1"]')
@@ -178,7 +204,9 @@ def test_page_follows_a_running_2x2_experiment(stack: Processes, tmp_path: Path)
         page.wait_for_function("() => document.querySelector('#exp-state').textContent === 'finished'", timeout=300_000)
         page.wait_for_function("() => document.querySelectorAll('#ranking tbody tr').length === 3", timeout=30_000)
         page.wait_for_function("() => document.querySelector('#result-samples').naturalWidth > 0", timeout=30_000)
-        print(f"[browser] finished; ranking rows: {page.eval_on_selector_all('#ranking tbody tr', 'rs => rs.map(r => r.cells[1].textContent)')}")
+        print(
+            f"[browser] finished; ranking rows: {page.eval_on_selector_all('#ranking tbody tr', 'rs => rs.map(r => r.cells[1].textContent)')}"
+        )
         # No scorer in this stack to optimise the grid's ensemble: the result says it is the best cell's mixture.
         assert page.inner_text("#ensemble") == "result: the best cell's neighbourhood mixture"
 

@@ -108,8 +108,14 @@ async def test_events_published_to_rabbitmq_reach_the_stream(dashboard) -> None:
                 # Garbage, a body whose key lies about it, and another experiment's event first:
                 for body, key in (
                     (b"\x00garbage", f"exp.{experiment}.metrics"),
-                    (json.dumps({"experiment": "someone-else", "kind": "state", "state": "running"}).encode(), f"exp.{experiment}.state"),
-                    (json.dumps({"experiment": "other-exp", "kind": "state", "state": "running"}).encode(), "exp.other-exp.state"),
+                    (
+                        json.dumps({"experiment": "someone-else", "kind": "state", "state": "running"}).encode(),
+                        f"exp.{experiment}.state",
+                    ),
+                    (
+                        json.dumps({"experiment": "other-exp", "kind": "state", "state": "running"}).encode(),
+                        "exp.other-exp.state",
+                    ),
                 ):
                     await exchange.publish(aio_pika.Message(body), routing_key=key)
             # …then what the orchestrator publishes, through the orchestrator's own publisher.
@@ -173,10 +179,20 @@ async def test_the_list_stream_follows_every_experiment_without_metrics(dashboar
 def test_train_with_dashboard_serves_the_run_live_and_stops_with_it(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     new_run(out, "older")  # another run in the same folder: not this dashboard's business
-    config = write_yaml(tmp_path / "t.yaml", tiny(training={"iterations": 30, "batches_per_iteration": 10, "checkpoint_every": 10, "sample_every": 10}))
+    config = write_yaml(
+        tmp_path / "t.yaml",
+        tiny(training={"iterations": 30, "batches_per_iteration": 10, "checkpoint_every": 10, "sample_every": 10}),
+    )
     log = tmp_path / "train.err"
     with open(log, "w") as err:
-        train = subprocess.Popen(cli_command("train", config, "--out", out, "--dashboard", "0"), cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=err, text=True)
+        train = subprocess.Popen(
+            cli_command("train", config, "--out", out, "--dashboard", "0"),
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while not (found := re.search(r"dashboard: (http://127\.0\.0\.1:\d+)/#/exp/(\S+)", log.read_text())):
@@ -191,10 +207,17 @@ def test_train_with_dashboard_serves_the_run_live_and_stops_with_it(tmp_path: Pa
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 async with client.stream("GET", "/api/events", params={"experiment": experiment}) as response:
                     stream = await opened(response)
-                    return await collect(stream, lambda seen: sum(e["kind"] == "metrics" for e in seen) >= 4, timeout=90)
+                    return await collect(
+                        stream, lambda seen: sum(e["kind"] == "metrics" for e in seen) >= 4, timeout=90
+                    )
 
         events = asyncio.run(first_records())
-        assert {tuple(e["record"]["cell"]) for e in events if e["kind"] == "metrics"} <= {(0, 0), (0, 1), (1, 0), (1, 1)}
+        assert {tuple(e["record"]["cell"]) for e in events if e["kind"] == "metrics"} <= {
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (1, 1),
+        }
         stdout, _ = train.communicate(timeout=300)
     finally:
         if train.poll() is None:

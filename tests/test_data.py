@@ -162,9 +162,9 @@ def test_download_failure_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_download_verifies_md5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     served = tmp_path / "served"
     write_mnist(served, "test", 4)
-    monkeypatch.setattr(fetch, "urlopen", lambda url, timeout: io.BytesIO(
-        (served / url.rsplit("/", 1)[1]).read_bytes()
-    ))
+    monkeypatch.setattr(
+        fetch, "urlopen", lambda url, timeout: io.BytesIO((served / url.rsplit("/", 1)[1]).read_bytes())
+    )
     for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         md5 = hashlib.md5((served / name).read_bytes()).hexdigest()
         monkeypatch.setitem(idx.SOURCES["mnist"].md5, name, md5)
@@ -353,9 +353,7 @@ def test_dataset_api() -> None:
         Dataset("x", torch.zeros(2, 2, dtype=torch.float64), None, "points")
 
 
-def test_cifar_download_unpacks_binary_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cifar_download_unpacks_binary_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     staged = tmp_path / "staged" / "cifar-10-batches-bin"
     for name, labels in [("test_batch.bin", [4, 2]), ("readme.html", [])]:
         write_cifar(staged / name, labels)
@@ -368,5 +366,7 @@ def test_cifar_download_unpacks_binary_batches(
     ds = load_dataset(cfg("cifar10", tmp_path / "dl", split="test", download=True))
     assert ds.labels.tolist() == [4, 2]
     assert sorted(p.name for p in (tmp_path / "dl").rglob("*")) == [
-        "cifar-10-batches-bin", "readme.html", "test_batch.bin"
+        "cifar-10-batches-bin",
+        "readme.html",
+        "test_batch.bin",
     ]  # the archive itself is removed once unpacked

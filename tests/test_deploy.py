@@ -54,7 +54,9 @@ INFRASTRUCTURE = {"rabbitmq": 5672, "redis": 6379}  # served by this machine's R
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: `make services` (scripts/ensure-services.sh) installs it, or apt-get install {name}")
+        pytest.fail(
+            f"{name} is not installed: `make services` (scripts/ensure-services.sh) installs it, or apt-get install {name}"
+        )
     return path
 
 
@@ -68,7 +70,9 @@ def compose_config(tmp_path: Path, env: dict[str, str], *profiles: str) -> dict[
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     args = [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file)]
     args += [arg for profile in profiles for arg in ("--profile", profile)]
-    done = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    done = subprocess.run(
+        [*args, "config"], capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]}
+    )
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -79,7 +83,9 @@ def example_env() -> dict[str, str]:
 
 
 def active(config: dict[str, Any], *profiles: str) -> dict[str, dict[str, Any]]:
-    return {name: s for name, s in config["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
+    return {
+        name: s for name, s in config["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)
+    }
 
 
 def container_port(spec: str | dict) -> int:
@@ -136,23 +142,59 @@ def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
     env_file = tmp_path / "empty.env"
     env_file.write_text("PALOMINO_CELLS=10\n")
     done = subprocess.run(
-        [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
-        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+        [
+            tool("docker-compose"),
+            "--project-directory",
+            str(REPO),
+            "-f",
+            str(COMPOSE),
+            "--env-file",
+            str(env_file),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
     )
     assert done.returncode != 0
     assert "RABBITMQ_USER" in done.stderr and ".env.example" in done.stderr
     without_token = {k: v for k, v in example_env().items() if k != "PALOMINO_ORCHESTRATOR_TOKEN"}
     env_file.write_text("".join(f"{k}={v}\n" for k, v in without_token.items()))
     done = subprocess.run(
-        [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
-        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+        [
+            tool("docker-compose"),
+            "--project-directory",
+            str(REPO),
+            "-f",
+            str(COMPOSE),
+            "--env-file",
+            str(env_file),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
     )
     assert done.returncode != 0 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr
     without_key = {k: v for k, v in example_env().items() if k != "PALOMINO_MESSAGE_KEY"}
     env_file.write_text("".join(f"{k}={v}\n" for k, v in without_key.items()))
     done = subprocess.run(
-        [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
-        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]},
+        [
+            tool("docker-compose"),
+            "--project-directory",
+            str(REPO),
+            "-f",
+            str(COMPOSE),
+            "--env-file",
+            str(env_file),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
     )
     assert done.returncode != 0 and "PALOMINO_MESSAGE_KEY" in done.stderr
 
@@ -162,18 +204,39 @@ def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> Non
     services = active(compose_config(tmp_path, example_env()))
     stack = LocalStack(services, tmp_path)
     for name, what in (("orchestrator", "PALOMINO_ORCHESTRATOR_TOKEN"), ("cell", "PALOMINO_ORCHESTRATOR_TOKEN")):
-        done = subprocess.run(stack.argv(name, services[name]["command"]), cwd=REPO, env=stack.env(name), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            stack.argv(name, services[name]["command"]),
+            cwd=REPO,
+            env=stack.env(name),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2 and what in done.stderr and "placeholder" in done.stderr, done.stderr
         assert "change-me-orchestrator-token" not in done.stderr  # never echoed
     env = example_env() | {"PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16)}
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)
-    done = subprocess.run(stack.argv("cell", services["cell"]["command"]), cwd=REPO, env=stack.env("cell"), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        stack.argv("cell", services["cell"]["command"]),
+        cwd=REPO,
+        env=stack.env("cell"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "PALOMINO_MESSAGE_KEY" in done.stderr and "placeholder" in done.stderr, done.stderr
     env |= {"PALOMINO_MESSAGE_KEY": secrets.token_hex(16)}
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)
-    done = subprocess.run(stack.argv("cell", services["cell"]["command"]), cwd=REPO, env=stack.env("cell"), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        stack.argv("cell", services["cell"]["command"]),
+        cwd=REPO,
+        env=stack.env("cell"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "PALOMINO_BROKER_URL" in done.stderr and "placeholder" in done.stderr, done.stderr
     assert "change-me-rabbitmq-password" not in done.stderr
 
@@ -207,7 +270,7 @@ class LocalStack:
         self.log_files: list[Any] = []
 
     def _volume(self, spec: str | dict) -> tuple[str, Path]:
-        source, target = (spec.split(":")[:2] if isinstance(spec, str) else (spec["source"], spec["target"]))
+        source, target = spec.split(":")[:2] if isinstance(spec, str) else (spec["source"], spec["target"])
         local = self.tmp_path / "volumes" / Path(source).name
         local.mkdir(parents=True, exist_ok=True)
         return target, local
@@ -244,8 +307,11 @@ class LocalStack:
         log = open(self.tmp_path / f"{name}-{replica}.log", "wb")
         self.log_files.append(log)
         process = subprocess.Popen(
-            self.argv(name, self.services[name]["command"]), cwd=REPO, env=self.env(name),
-            stdout=subprocess.PIPE if name == "submit" else log, stderr=log,
+            self.argv(name, self.services[name]["command"]),
+            cwd=REPO,
+            env=self.env(name),
+            stdout=subprocess.PIPE if name == "submit" else log,
+            stderr=log,
         )
         self.processes.append((name, process))
         return process
@@ -255,13 +321,18 @@ class LocalStack:
             return reachable(INFRASTRUCTURE[name])
         test = self.services[name]["healthcheck"]["test"]
         assert test[0] == "CMD", f"{name}: healthcheck {test}"
-        return subprocess.run(self.argv(name, test[1:]), env=self.env(name), capture_output=True, timeout=30).returncode == 0
+        return (
+            subprocess.run(self.argv(name, test[1:]), env=self.env(name), capture_output=True, timeout=30).returncode
+            == 0
+        )
 
     def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             for name, process in self.processes:
-                assert process.poll() is None or name == "submit", f"{name} exited ({process.returncode}):\n{self.logs(name)}"
+                assert process.poll() is None or name == "submit", (
+                    f"{name} exited ({process.returncode}):\n{self.logs(name)}"
+                )
             assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
             time.sleep(0.5)
 
@@ -269,7 +340,9 @@ class LocalStack:
         """Every service, in depends_on order, each once its dependencies meet their conditions."""
         started: set[str] = set()
         while len(started) < len(self.services):
-            ready = [n for n, s in self.services.items() if n not in started and set(s.get("depends_on", {})) <= started]
+            ready = [
+                n for n, s in self.services.items() if n not in started and set(s.get("depends_on", {})) <= started
+            ]
             assert ready, f"depends_on cycle among {set(self.services) - started}"
             for name in ready:
                 for dependency, rule in self.services[name].get("depends_on", {}).items():
@@ -283,7 +356,8 @@ class LocalStack:
     def logs(self, only: str | None = None) -> str:
         return "\n".join(
             f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
-            for log in sorted(self.tmp_path.glob("*.log")) if only is None or log.name.startswith(only + "-")
+            for log in sorted(self.tmp_path.glob("*.log"))
+            if only is None or log.name.startswith(only + "-")
         )
 
     def down(self) -> None:
@@ -305,11 +379,19 @@ def vhost():
     """A RabbitMQ virtual host of our own, so other stacks on this broker never see our workers."""
     name = f"palomino-deploy-{uuid.uuid4().hex[:8]}"
     ctl = shutil.which("rabbitmqctl")
-    made = ctl is not None and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60).returncode == 0
+    made = (
+        ctl is not None
+        and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60).returncode == 0
+    )
     if not made:  # not allowed to manage the broker: share "/" as the other distributed tests do
         yield ""
         return
-    subprocess.run([ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     yield name
     subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60)
 
@@ -317,16 +399,32 @@ def vhost():
 @pytest.mark.slow
 def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost: str) -> None:
     env = example_env() | {
-        "RABBITMQ_USER": "guest", "RABBITMQ_PASSWORD": "guest", "REDIS_PASSWORD": "",  # this machine's servers
-        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16), "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
-        "RABBITMQ_VHOST": vhost, "REDIS_DB": str(7 + os.getpid() % 8),
+        "RABBITMQ_USER": "guest",
+        "RABBITMQ_PASSWORD": "guest",
+        "REDIS_PASSWORD": "",  # this machine's servers
+        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16),
+        "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
+        "RABBITMQ_VHOST": vhost,
+        "REDIS_DB": str(7 + os.getpid() % 8),
         "PALOMINO_CELLS": "5",  # 2×2 + 1 spare
         "PALOMINO_EXPERIMENT": "examples/ring-1x1.yaml",  # relative to the image's /app, like the default
-        "PALOMINO_SET": " ".join([
-            "name=compose-wiring", "grid.rows=2", "grid.cols=2", "training.iterations=2", "training.batch_size=64",
-            "training.batches_per_iteration=5", "training.fitness.sample_size=32", "training.mixture.score_samples=64",
-            "training.checkpoint_every=1", "training.sample_every=1", "data.size=500", "network.hidden=16", "network.latent_dim=8",
-        ]),
+        "PALOMINO_SET": " ".join(
+            [
+                "name=compose-wiring",
+                "grid.rows=2",
+                "grid.cols=2",
+                "training.iterations=2",
+                "training.batch_size=64",
+                "training.batches_per_iteration=5",
+                "training.fitness.sample_size=32",
+                "training.mixture.score_samples=64",
+                "training.checkpoint_every=1",
+                "training.sample_every=1",
+                "data.size=500",
+                "network.hidden=16",
+                "network.latent_dim=8",
+            ]
+        ),
     }
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)
@@ -339,13 +437,17 @@ def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost:
         run_dir = Path(out.strip().splitlines()[-1])
         assert run_dir.parent == tmp_path / "volumes" / "runs", run_dir  # the orchestrator wrote to the runs volume
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert {(tuple(r["cell"]), r["iteration"]) for r in records} == {((r, c), i) for r in range(2) for c in range(2) for i in range(2)}
+        assert {(tuple(r["cell"]), r["iteration"]) for r in records} == {
+            ((r, c), i) for r in range(2) for c in range(2) for i in range(2)
+        }
         assert (run_dir / "result" / "mixture.safetensors").is_file()
         assert json.loads((run_dir / "result" / "ranking.json").read_text())["ranking"]
 
         # The orchestrator queued the final mixture for the scorer, whose result came back into scores.json.
         scores = run_dir / "scores.json"
-        stack.wait_until(lambda: scores.is_file() and "best" in json.loads(scores.read_text()), "the scorer's result", timeout=120)
+        stack.wait_until(
+            lambda: scores.is_file() and "best" in json.loads(scores.read_text()), "the scorer's result", timeout=120
+        )
         best = json.loads(scores.read_text())["best"]
         assert "error" not in best and best["scorer"], best
 
@@ -364,12 +466,19 @@ def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost:
 def test_compose_submit_names_the_missing_dataset_before_submitting(tmp_path: Path) -> None:
     env = example_env() | {
         "PALOMINO_SET": "data.dir=/data/datasets/mnist data.download=false",
-        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16), "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
+        "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16),
+        "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
     }
     services = active(compose_config(tmp_path, env))
     stack = LocalStack(services, tmp_path)  # no orchestrator runs: the dataset check comes first
-    done = subprocess.run(stack.argv("submit", services["submit"]["command"]), cwd=REPO, env=stack.env("submit"),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        stack.argv("submit", services["submit"]["command"]),
+        cwd=REPO,
+        env=stack.env("submit"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert "error: mnist train split not found" in done.stderr, done.stderr
     assert str(tmp_path / "volumes" / "datasets" / "mnist") in done.stderr  # says where the files go
@@ -397,7 +506,7 @@ def parse(source: str, name: str) -> tuple[list, dict[str, list]]:
     parts: list[Any] = []
     position = 0
     for match in ACTION.finditer(source):
-        text = source[position:match.start()]
+        text = source[position : match.start()]
         if match.group(1):
             text = text.rstrip()
         parts.append(text)
@@ -434,7 +543,7 @@ def parse(source: str, name: str) -> tuple[list, dict[str, list]]:
                     body, end = block(("end", "else"))
                     branches.append((expression(condition), body))
                     if end.startswith("else if "):
-                        condition = end[len("else if "):]
+                        condition = end[len("else if ") :]
                         continue
                     if end == "else":
                         otherwise, _ = block(("end",))
@@ -520,7 +629,11 @@ def override(base: dict, changes: dict) -> dict:
     """Helm's values merge: the user's values win over values.yaml."""
     out = copy.deepcopy(base)
     for key, value in changes.items():
-        out[key] = override(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else copy.deepcopy(value)
+        out[key] = (
+            override(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else copy.deepcopy(value)
+        )
     return out
 
 
@@ -548,7 +661,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "indent": indent,
     "trunc": lambda n, s: s[:n],
     "trimSuffix": lambda suffix, s: s[: -len(suffix)] if suffix and s.endswith(suffix) else s,
-    "trimPrefix": lambda prefix, s: s[len(prefix):] if prefix and s.startswith(prefix) else s,
+    "trimPrefix": lambda prefix, s: s[len(prefix) :] if prefix and s.startswith(prefix) else s,
     "contains": lambda part, s: part in s,
     "required": required,
     "add": lambda *a: sum(int(x) for x in a),
@@ -576,7 +689,10 @@ class Renderer:
         self.chart = chart
         self.meta = yaml.safe_load((chart / "Chart.yaml").read_text())
         self.defaults = yaml.safe_load((chart / "values.yaml").read_text())
-        self.files = {p.relative_to(chart / "templates").as_posix(): p.read_text() for p in sorted((chart / "templates").iterdir())}
+        self.files = {
+            p.relative_to(chart / "templates").as_posix(): p.read_text()
+            for p in sorted((chart / "templates").iterdir())
+        }
         self.defines: dict[str, list] = {}
         self.parsed: dict[str, list] = {}
         for name, text in self.files.items():
@@ -588,7 +704,11 @@ class Renderer:
         return {
             "Values": override(self.defaults, values),
             "Release": {"Name": release, "Namespace": namespace, "Service": "Helm", "Revision": 1, "IsInstall": True},
-            "Chart": {"Name": self.meta["name"], "Version": self.meta["version"], "AppVersion": self.meta["appVersion"]},
+            "Chart": {
+                "Name": self.meta["name"],
+                "Version": self.meta["version"],
+                "AppVersion": self.meta["appVersion"],
+            },
         }
 
     def render(self, values: dict, **release: str) -> dict[str, str]:
@@ -618,7 +738,9 @@ class Renderer:
                     out.append(self.run(node[2], dot, [*scopes, {}]))
             elif node[0] == "with":
                 value = self.pipeline(node[1], dot, scopes)
-                out.append(self.run(node[2], value, [*scopes, {}]) if truthy(value) else self.run(node[3], dot, [*scopes, {}]))
+                out.append(
+                    self.run(node[2], value, [*scopes, {}]) if truthy(value) else self.run(node[3], dot, [*scopes, {}])
+                )
         return "".join(out)
 
     def pipeline(self, commands: list, dot: Any, scopes: list[dict]) -> Any:
@@ -695,20 +817,39 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "redis": {"bundled": False, "external": {"url": "redis://:p@redis.example:6379/1"}},
     },
     "existing secret": {"credentials": {"existingSecret": "site-credentials"}},
-    "gpus and everything on": {"credentials": {**PASSWORDS["credentials"], "dashboardToken": "t0ken"}} | {
-        "cells": {"rows": 2, "cols": 4, "spares": 2, "gpus": 2, "antiAffinity": "hard",
-                  "resources": {"limits": {"cpu": "4"}}, "nodeSelector": {"gpu": "a100"},
-                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
-        "dashboard": {"ingress": {"enabled": True, "className": "nginx", "host": "palomino.example.org",
-                                  "tls": [{"secretName": "tls", "hosts": ["palomino.example.org"]}]}},
+    "gpus and everything on": {"credentials": {**PASSWORDS["credentials"], "dashboardToken": "t0ken"}}
+    | {
+        "cells": {
+            "rows": 2,
+            "cols": 4,
+            "spares": 2,
+            "gpus": 2,
+            "antiAffinity": "hard",
+            "resources": {"limits": {"cpu": "4"}},
+            "nodeSelector": {"gpu": "a100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        "dashboard": {
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "host": "palomino.example.org",
+                "tls": [{"secretName": "tls", "hosts": ["palomino.example.org"]}],
+            }
+        },
         "experiment": {"enabled": True, "config": "name: inline\ngrid: {rows: 2, cols: 4}\n"},
-        "datasets": {"existingClaim": "mnist"}, "runs": {"accessMode": "ReadWriteMany"},
+        "datasets": {"existingClaim": "mnist"},
+        "runs": {"accessMode": "ReadWriteMany"},
         "imagePullSecrets": [{"name": "regcred"}],
         "scorer": {"classifier": "/data/datasets/mnist-classifier.safetensors"},
     },
-    "soft spread, minimal": PASSWORDS | {
-        "cells": {"antiAffinity": "soft", "replicas": 5}, "experiment": {"enabled": True},
-        "datasets": {"hostPath": "/srv/datasets"}, "scorer": {"enabled": False}, "dashboard": {"enabled": False},
+    "soft spread, minimal": PASSWORDS
+    | {
+        "cells": {"antiAffinity": "soft", "replicas": 5},
+        "experiment": {"enabled": True},
+        "datasets": {"hostPath": "/srv/datasets"},
+        "scorer": {"enabled": False},
+        "dashboard": {"enabled": False},
         "runs": {"existingClaim": "old-runs"},
     },
 }
@@ -767,11 +908,17 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str
         labels = workload["spec"]["template"]["metadata"]["labels"]
         assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
     for name, service in by_kind.get("Service", {}).items():
-        assert any(service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items() for w in workloads.values()), name
+        assert any(
+            service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+            for w in workloads.values()
+        ), name
 
     # Every Secret, PVC and ConfigMap a pod uses exists or was given by the user.
     secrets = set(by_kind.get("Secret", {})) | {merged["credentials"]["existingSecret"]}
-    claims = set(by_kind.get("PersistentVolumeClaim", {})) | {merged["runs"]["existingClaim"], merged["datasets"]["existingClaim"]}
+    claims = set(by_kind.get("PersistentVolumeClaim", {})) | {
+        merged["runs"]["existingClaim"],
+        merged["datasets"]["existingClaim"],
+    }
     for name, pod in pods.items():
         spec = pod["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True, name
@@ -817,16 +964,31 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str
         key = secret["stringData"]["message-key"]
         assert key == (merged["credentials"]["messageKey"] or key) and len(key) >= 16 and key != token
     # The message key reaches the services that sign and check messages.
-    key_users = {c for c, container in commands.items() if "PALOMINO_MESSAGE_KEY" in {e["name"] for e in container.get("env", [])}}
+    key_users = {
+        c
+        for c, container in commands.items()
+        if "PALOMINO_MESSAGE_KEY" in {e["name"] for e in container.get("env", [])}
+    }
     assert key_users == {"orchestrator", "cell"} | ({"scorer"} if merged["scorer"]["enabled"] else set()), key_users
     # The orchestrator's API token reaches the orchestrator and its clients, not the cells.
-    token_users = {c for c, container in commands.items() if "PALOMINO_ORCHESTRATOR_TOKEN" in {e["name"] for e in container.get("env", [])}}
-    assert token_users == {"orchestrator"} | ({"dashboard"} if merged["dashboard"]["enabled"] else set()) | ({"submit"} if jobs else set()), token_users
+    token_users = {
+        c
+        for c, container in commands.items()
+        if "PALOMINO_ORCHESTRATOR_TOKEN" in {e["name"] for e in container.get("env", [])}
+    }
+    assert token_users == {"orchestrator"} | ({"dashboard"} if merged["dashboard"]["enabled"] else set()) | (
+        {"submit"} if jobs else set()
+    ), token_users
     policies = by_kind.get("NetworkPolicy", {})
     assert bool(policies) == merged["orchestrator"]["networkPolicy"]["enabled"]
     for policy in policies.values():
         assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "orchestrator"
-        admitted = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for rule in policy["spec"]["ingress"] for p in rule["from"] if "podSelector" in p}
+        admitted = {
+            p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            for rule in policy["spec"]["ingress"]
+            for p in rule["from"]
+            if "podSelector" in p
+        }
         assert admitted == {"dashboard", "experiment"}, admitted
     assert "NOTES.txt" in rendered and "palomino submit" in rendered["NOTES.txt"]
 
@@ -881,7 +1043,11 @@ def test_every_platform_runs_the_compose_commands(tmp_path: Path, chart: Rendere
         assert signature(launched[name]) == signature(compose[name]), name
 
     # Helm: the same commands in the pods, and the experiment Job runs the same submit script.
-    pods = [d["spec"]["template"]["spec"] for d in documents(chart.render(VARIANTS["gpus and everything on"])) if d["kind"] in ("Deployment", "Job")]
+    pods = [
+        d["spec"]["template"]["spec"]
+        for d in documents(chart.render(VARIANTS["gpus and everything on"]))
+        if d["kind"] in ("Deployment", "Job")
+    ]
     containers = {c["name"]: c["command"] for pod in pods for c in pod["containers"]}
     for name in PALOMINO_SERVICES - {"submit"}:
         assert signature(containers[name]) == signature(compose[name]), name
@@ -898,12 +1064,23 @@ def test_slurm_script_passes_bash_n_and_shellcheck() -> None:
 
 
 def test_slurm_script_names_what_is_missing(tmp_path: Path) -> None:
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLURM_JOB_ID": "42", "PALOMINO_SIF": str(tmp_path / "none.sif")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "SLURM_JOB_ID": "42",
+        "PALOMINO_SIF": str(tmp_path / "none.sif"),
+    }
     done = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "no Palomino image at" in done.stderr and "PALOMINO_SIF" in done.stderr
     (tmp_path / "palomino.sif").write_bytes(b"")
-    done = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env | {"PALOMINO_SIF": str(tmp_path / "palomino.sif"), "PALOMINO_DEVICE": "tpu"},
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(SBATCH)],
+        cwd=tmp_path,
+        env=env | {"PALOMINO_SIF": str(tmp_path / "palomino.sif"), "PALOMINO_DEVICE": "tpu"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 2 and "PALOMINO_DEVICE=tpu" in done.stderr
 
 

@@ -59,7 +59,9 @@ class Stack:
         log = open(self.tmp_path / f"{name}.log", "wb")
         # A namespace of its own: other stacks on this broker (a concurrent run) never see its messages.
         env = {**ENV, "PALOMINO_NAMESPACE": f"test-{self.port}"}
-        process = subprocess.Popen([sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
         self.processes[name] = process
         return process
 
@@ -106,7 +108,15 @@ def wait_for_records(stack: Stack, experiment: str, records: int, timeout: float
 
 
 def check_finished_run(run_dir: Path, cells: int, iterations: int) -> list[dict]:
-    for name in ("config.yaml", "topology.jsonl", "metrics.jsonl", "result/mixture.safetensors", "result/mixture.json", "result/ranking.json", "result/samples.png"):
+    for name in (
+        "config.yaml",
+        "topology.jsonl",
+        "metrics.jsonl",
+        "result/mixture.safetensors",
+        "result/mixture.json",
+        "result/ranking.json",
+        "result/samples.png",
+    ):
         assert (run_dir / name).is_file(), name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = [(tuple(r["cell"]), r["iteration"]) for r in records]
@@ -123,9 +133,27 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "exp.yaml"
     path.write_text(config(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "palomino", "up", str(path), "--cells", "4", "--spares", "1", "--out", str(tmp_path / "runs"),
-         "--set", "scoring.every=25", "--set", "training.ensemble.critic_quantile=0.05"],
-        capture_output=True, text=True, env=ENV, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "palomino",
+            "up",
+            str(path),
+            "--cells",
+            "4",
+            "--spares",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+            "--set",
+            "scoring.every=25",
+            "--set",
+            "training.ensemble.critic_quantile=0.05",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = Path(result.stdout.strip().splitlines()[-1])
@@ -140,7 +168,9 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     # The scorer optimised the whole grid's ensemble; the orchestrator adopted its weights into result/.
     mixture = json.loads((run_dir / "result/mixture.json").read_text())
     assert mixture["cell"] == "grid" and mixture["components"] == ["0-0", "0-1", "1-0", "1-1"]
-    assert mixture["weights"] == pytest.approx(mixture["ensemble"]["weights"]) and sum(mixture["weights"]) == pytest.approx(1)
+    assert mixture["weights"] == pytest.approx(mixture["ensemble"]["weights"]) and sum(
+        mixture["weights"]
+    ) == pytest.approx(1)
     assert json.loads((run_dir / "result/ranking.json").read_text())["ensemble"]["cells"] == mixture["components"]
     # Every cell sent its discriminator; the scorer calibrated them into the filter sampling goes through.
     assert mixture["critics"] == mixture["components"] and mixture["filter"]["quantile"] == 0.05
@@ -172,10 +202,17 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     topology = check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
     assert [t["epoch"] for t in topology] == [0, 1]
     assert topology[1]["cells"][victim_cell] != victim and victim not in topology[1]["cells"].values()
-    restarted = re.search(rf"cell\s+{victim_cell}\s+of\s+\S+\s+restarts\s+at\s+iteration\s+(\d+)\s+from\s+(\w+)", stack.log("orchestrator"))
-    assert restarted and restarted.group(2) == "snapshot" and int(restarted.group(1)) > 0, stack.log("orchestrator")[-2000:]
-    print(f"[fault] replace: killed {victim} at {victim_cell} after {summary['records']} records; a spare took over in "
-          f"{detected:.1f} s (TTL 3 s), restored from the snapshot of iteration {restarted.group(1)}; epochs {[t['epoch'] for t in topology]}")
+    restarted = re.search(
+        rf"cell\s+{victim_cell}\s+of\s+\S+\s+restarts\s+at\s+iteration\s+(\d+)\s+from\s+(\w+)",
+        stack.log("orchestrator"),
+    )
+    assert restarted and restarted.group(2) == "snapshot" and int(restarted.group(1)) > 0, stack.log("orchestrator")[
+        -2000:
+    ]
+    print(
+        f"[fault] replace: killed {victim} at {victim_cell} after {summary['records']} records; a spare took over in "
+        f"{detected:.1f} s (TTL 3 s), restored from the snapshot of iteration {restarted.group(1)}; epochs {[t['epoch'] for t in topology]}"
+    )
 
 
 def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Stack) -> None:
@@ -217,7 +254,9 @@ def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:
     assert topology[1]["cells"]["0-0"] == topology[0]["cells"]["0-0"]
     assert topology[1]["cells"]["0-1"] == topology[0]["cells"]["0-1"]
     assert len(json.loads((Path(final["run_dir"]) / "result/ranking.json").read_text())["ranking"]) == 3
-    print(f"[fault] shrink: killed {victim} after {summary['records']} records; 2×2 → 1×3 (epoch 1) in {detected:.1f} s (TTL 3 s)")
+    print(
+        f"[fault] shrink: killed {victim} after {summary['records']} records; 2×2 → 1×3 (epoch 1) in {detected:.1f} s (TTL 3 s)"
+    )
 
 
 def test_below_min_cells_the_experiment_fails_with_its_reason(stack: Stack) -> None:
@@ -235,7 +274,10 @@ def test_below_min_cells_the_experiment_fails_with_its_reason(stack: Stack) -> N
 def test_a_cell_with_a_bad_broker_url_exits_with_a_clear_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "palomino", "cell", "--broker", "amqp://guest:guest@127.0.0.1:1/"],
-        capture_output=True, text=True, env=ENV, timeout=60,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
     )
     assert result.returncode == 1
     assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in result.stderr
@@ -280,7 +322,19 @@ def test_the_run_survives_a_redis_restart(stack: Stack) -> None:
     # Redis keeps nothing on disk here: every heartbeat key vanishes with the restart.
     _run("redis-cli", "shutdown", "nosave")
     time.sleep(2)
-    _run("redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379", "--save", "", "--appendonly", "no")
+    _run(
+        "redis-server",
+        "--daemonize",
+        "yes",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        "6379",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    )
     _wait_port(6379)
     final = stack.client.wait(experiment, timeout=300)
     assert final["state"] == "finished", final
@@ -311,7 +365,9 @@ def test_cells_killed_one_after_another_still_finish(stack: Stack) -> None:
     else:
         assert (final["rows"], final["cols"]) == (2, 2)
     check_finished_run(Path(final["run_dir"]), cells=final["rows"] * final["cols"], iterations=ITERATIONS)
-    print(f"[fault] 2 of 5 workers killed in turn: {actions}; finished on {final['rows']}×{final['cols']}, epoch {final['epoch']}")
+    print(
+        f"[fault] 2 of 5 workers killed in turn: {actions}; finished on {final['rows']}×{final['cols']}, epoch {final['epoch']}"
+    )
 
 
 def test_garbage_on_the_snapshot_exchange_does_not_stop_training(stack: Stack) -> None:
@@ -337,6 +393,7 @@ def test_garbage_on_the_snapshot_exchange_does_not_stop_training(stack: Stack) -
 
 # --- class-partitioned runs: one sub-grid per class, failures handled within a class ----------------
 
+
 def partitioned(tmp_path: Path, classes: list[int], per_class: str, **distributed) -> str:
     cfg = yaml.safe_load(config(tmp_path, **distributed))
     del cfg["grid"]["rows"], cfg["grid"]["cols"]
@@ -351,16 +408,24 @@ def test_a_partitioned_run_trains_one_sub_grid_per_class(tmp_path: Path) -> None
     path.write_text(partitioned(tmp_path, [0, 3, 5], "1x1"))
     result = subprocess.run(
         [sys.executable, "-m", "palomino", "up", str(path), "--cells", "3", "--out", str(tmp_path / "runs")],
-        capture_output=True, text=True, env=ENV, timeout=300,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = Path(result.stdout.strip().splitlines()[-1])
     topology = [json.loads(line) for line in (run_dir / "topology.jsonl").read_text().splitlines()]
-    assert topology[0]["classes"] == {"0": {"rows": 1, "cols": 1, "row_offset": 0}, "3": {"rows": 1, "cols": 1, "row_offset": 1},
-                                      "5": {"rows": 1, "cols": 1, "row_offset": 2}}
+    assert topology[0]["classes"] == {
+        "0": {"rows": 1, "cols": 1, "row_offset": 0},
+        "3": {"rows": 1, "cols": 1, "row_offset": 1},
+        "5": {"rows": 1, "cols": 1, "row_offset": 2},
+    }
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert {(tuple(r["cell"]), r["class"]) for r in records} == {((0, 0), 0), ((1, 0), 3), ((2, 0), 5)}
-    assert all(not r["neighbours"] and list(r["mixture"]) == ["-".join(map(str, r["cell"]))] for r in records), "1×1 sub-grids: no neighbours"
+    assert all(not r["neighbours"] and list(r["mixture"]) == ["-".join(map(str, r["cell"]))] for r in records), (
+        "1×1 sub-grids: no neighbours"
+    )
     mixture = json.loads((run_dir / "result/mixture.json").read_text())
     assert sorted(mixture["classes"]) == ["0", "3", "5"]
     assert abs(sum(c["prior"] for c in mixture["classes"].values()) - 1) < 1e-9
@@ -378,10 +443,16 @@ def test_a_partitioned_run_shrinks_only_the_class_that_lost_a_cell(stack: Stack)
     stack.kill(victim)
     final = stack.client.wait(experiment, timeout=240)
     assert final["state"] == "finished", final
-    assert final["classes"] == {"1": {"rows": 1, "cols": 2, "row_offset": 0}, "2": {"rows": 1, "cols": 1, "row_offset": 1}}
+    assert final["classes"] == {
+        "1": {"rows": 1, "cols": 2, "row_offset": 0},
+        "2": {"rows": 1, "cols": 1, "row_offset": 1},
+    }
     assert final["failures"][0]["to"] == "class 2: 1x1"
     topology = [json.loads(line) for line in (Path(final["run_dir"]) / "topology.jsonl").read_text().splitlines()]
-    assert topology[1]["cells"]["0-0"] == topology[0]["cells"]["0-0"] and topology[1]["cells"]["0-1"] == topology[0]["cells"]["0-1"]
+    assert (
+        topology[1]["cells"]["0-0"] == topology[0]["cells"]["0-0"]
+        and topology[1]["cells"]["0-1"] == topology[0]["cells"]["0-1"]
+    )
     assert set(topology[1]["cells"]) == {"0-0", "0-1", "1-0"}
 
 
@@ -411,7 +482,9 @@ def test_sigterm_while_the_broker_does_not_answer_stops_the_service(tmp_path: Pa
                                env={**ENV, "PALOMINO_BROKER_URL": url})  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while "connecting to RabbitMQ" not in (tmp_path / "service.log").read_text(errors="replace"):  # signal handlers are in place
+        while "connecting to RabbitMQ" not in (tmp_path / "service.log").read_text(
+            errors="replace"
+        ):  # signal handlers are in place
             assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()
             time.sleep(0.1)
         process.send_signal(signal.SIGTERM)

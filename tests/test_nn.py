@@ -179,7 +179,8 @@ def grads(module: nn.Module) -> list[torch.Tensor | None]:
 
 @pytest.mark.parametrize("loss_name", LOSS_NAMES)
 @pytest.mark.parametrize(
-    ("name", "shape", "kind"), [("mlp", (2,), "points"), ("dcgan", (1, 28, 28), "image"), ("sngan", (3, 32, 32), "image")]
+    ("name", "shape", "kind"),
+    [("mlp", (2,), "points"), ("dcgan", (1, 28, 28), "image"), ("sngan", (3, 32, 32), "image")],
 )
 def test_losses_backpropagate(loss_name: str, name: str, shape: tuple[int, ...], kind: str) -> None:
     G, D = build(name, shape, kind)

@@ -48,7 +48,9 @@ def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:
 
 
 def done(worker: str, coord: tuple[int, int]) -> Done:
-    return Done(experiment="race-1", worker=worker, coord=coord, iteration=9, score=0.1, components=[], weights=[], mixture={})
+    return Done(
+        experiment="race-1", worker=worker, coord=coord, iteration=9, score=0.1, components=[], weights=[], mixture={}
+    )
 
 
 def test_a_done_sent_just_before_a_shrink_moved_its_worker_counts_where_it_went(tmp_path: Path) -> None:
@@ -104,7 +106,9 @@ def test_metrics_pages_are_read_incrementally_and_survive_a_rewrite(tmp_path: Pa
     from palomino.runs.directory import LineIndex
 
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"cell": [0, 0], "iteration": i}) + "\n" for i in range(5)) + '{"cell": [0, 0], "iter')
+    path.write_text(
+        "".join(json.dumps({"cell": [0, 0], "iteration": i}) + "\n" for i in range(5)) + '{"cell": [0, 0], "iter'
+    )
     index = LineIndex(path)
     records, following, total = index.page(0, 2)
     assert [r["iteration"] for r in records] == [0, 1] and (following, total) == (2, 5)  # the torn line waits
@@ -165,7 +169,9 @@ def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scra
             await orchestrator._on_control(failed, b"")
             restored.append((last_assign().restore_meta or {}).get("iteration"))
         assert experiment.state == "running"
-        await orchestrator._on_control(Failed(experiment="race-1", worker="w1", reason="w1: from scratch too", restore_failed=True), b"")
+        await orchestrator._on_control(
+            Failed(experiment="race-1", worker="w1", reason="w1: from scratch too", restore_failed=True), b""
+        )
         return restored
 
     assert asyncio.run(go()) == [4, 2, None]  # newest, the previous, then scratch …
@@ -189,7 +195,9 @@ def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: P
     async def go() -> None:
         for message in forged:
             await orchestrator._on_control(message, b"\x89PNG")
-        await orchestrator._on_control(Metrics(experiment="race-1", worker="w0", record={"cell": [0, 0], "iteration": 0}), b"")
+        await orchestrator._on_control(
+            Metrics(experiment="race-1", worker="w0", record={"cell": [0, 0], "iteration": 0}), b""
+        )
 
     asyncio.run(go())
     assert orchestrator.counters["untrusted_messages"] == len(forged)
@@ -208,14 +216,21 @@ def test_an_experiment_is_re_adopted_from_what_it_saved(tmp_path: Path) -> None:
     experiment.partition = partition_grid([0, 1], (1, 2))
     experiment.failures.append({"worker": "w9", "cell": "1-1", "action": "replace", "by": "w3", "at": 1.0})
     experiment.history_since[Coord(1, 1)] = 1
-    experiment.done[Coord(0, 1)] = CellResult("0-1", 0.25, ["0-1", "0-0"], [0.5, 0.5], b"mixture", {"cell": "0-1"}, b"png", trained_at="0-1")
+    experiment.done[Coord(0, 1)] = CellResult(
+        "0-1", 0.25, ["0-1", "0-0"], [0.5, 0.5], b"mixture", {"cell": "0-1"}, b"png", trained_at="0-1"
+    )
     write_collected(experiment.run.path, experiment.done[Coord(0, 1)])
     experiment.run.append_metrics({"cell": [0, 1], "iteration": 0})
     experiment.persist()
 
     [(run_dir, saved)] = list(read_states(tmp_path))
     again = Experiment.readopt(run_dir, json.loads(json.dumps(saved)))
-    assert (again.id, again.state, again.cells, again.failures) == (run_dir.name, "running", experiment.cells, experiment.failures)
+    assert (again.id, again.state, again.cells, again.failures) == (
+        run_dir.name,
+        "running",
+        experiment.cells,
+        experiment.failures,
+    )
     assert again.topology == experiment.topology and again.partition == experiment.partition
     assert again.history_since == {Coord(1, 1): 1} and again.recorded == {("0-1", 0)}
     done = again.done[Coord(0, 1)]

@@ -61,7 +61,10 @@ def test_partitioned_grid_is_classes_times_per_class() -> None:
         ({"data": {"classes": []}}, "data.classes"),
         ({"data": {"name": "image_folder", "partition": "labels"}}, "needs the labels listed"),
         ({"data": {"partition": "classes"}}, "data.partition"),
-        ({"data": {"name": "mnist", "partition": "labels"}, "grid": {"rows": 3}}, "grid.rows: a partitioned run's grid is"),
+        (
+            {"data": {"name": "mnist", "partition": "labels"}, "grid": {"rows": 3}},
+            "grid.rows: a partitioned run's grid is",
+        ),
         ({"data": {"name": "mnist", "partition": "labels"}, "network": {"conditional": True}}, "network.conditional"),
     ],
 )
@@ -127,7 +130,9 @@ def test_class_grid_errors_and_shrinking() -> None:
 
 
 def test_classes_select_labels_and_size_counts_them() -> None:
-    config = parse_config({"data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "classes": [7, 1], "size": 500}})
+    config = parse_config(
+        {"data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "classes": [7, 1], "size": 500}}
+    )
     dataset = load_dataset(config.data, seed=3)
     assert len(dataset) == 500 and set(class_counts(dataset)) == {1, 7}
     assert label_count(dataset) == 10  # labels keep their meaning: an embedding still has 10 rows
@@ -202,7 +207,9 @@ def constant_part(value: float) -> Mixture:
 
 
 def test_class_mixture_draws_each_sample_from_its_class() -> None:
-    mixture = ClassMixture({2: constant_part(2.0), 5: constant_part(5.0), 9: constant_part(9.0)}, {2: 0.5, 5: 0.3, 9: 0.2}, {})
+    mixture = ClassMixture(
+        {2: constant_part(2.0), 5: constant_part(5.0), 9: constant_part(9.0)}, {2: 0.5, 5: 0.3, 9: 0.2}, {}
+    )
     samples, labels = mixture.sample_labelled(1000, seed=1)
     assert torch.equal(samples[:, 0], labels.float())  # every sample from its label's part
     assert Counter(labels.tolist()) == {2: 500, 5: 300, 9: 200}  # the priors, exactly
@@ -226,11 +233,19 @@ def test_write_class_result_keeps_each_class_best_and_the_priors(tmp_path: Path)
     assert best.cell == "0-1"
     description = json.loads((tmp_path / "result" / "mixture.json").read_text())
     assert description["type"] == "class_mixture"
-    assert description["classes"]["4"] == {"path": "classes/4", "prior": 0.75, "count": 300, "cell": "0-1", "score": 0.1}
+    assert description["classes"]["4"] == {
+        "path": "classes/4",
+        "prior": 0.75,
+        "count": 300,
+        "cell": "0-1",
+        "score": 0.1,
+    }
     assert description["classes"]["8"]["prior"] == 0.25
     assert (tmp_path / "result" / "classes" / "4" / "mixture.safetensors").read_bytes() == b"tensors of 0-1"
     for cell in ("0-0", "0-1", "1-0"):
-        assert (tmp_path / "result" / "cells" / cell / "mixture.safetensors").read_bytes() == f"tensors of {cell}".encode()
+        assert (
+            tmp_path / "result" / "cells" / cell / "mixture.safetensors"
+        ).read_bytes() == f"tensors of {cell}".encode()
     ranking = json.loads((tmp_path / "result" / "ranking.json").read_text())["ranking"]
     assert [(r["cell"], r["class"]) for r in ranking] == [("0-1", 4), ("0-0", 4), ("1-0", 8)]
     with pytest.raises(ValueError, match="class 9 has no result"):
@@ -266,7 +281,9 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
     assert (topology["rows"], topology["cols"]) == (3, 2)
     assert topology["classes"] == {str(c): {"rows": 1, "cols": 2, "row_offset": k} for k, c in enumerate(classes)}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert Counter((tuple(r["cell"]), r["iteration"]) for r in records) == {((k, c), i): 1 for k in range(3) for c in range(2) for i in range(4)}
+    assert Counter((tuple(r["cell"]), r["iteration"]) for r in records) == {
+        ((k, c), i): 1 for k in range(3) for c in range(2) for i in range(4)
+    }
     for record in records:
         row = record["cell"][0]
         assert record["class"] == classes[row]
@@ -274,7 +291,9 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
     assert load_config(run / "config.yaml").cells == 6
 
     # The class mixture: priors are the classes' shares of the training data (from the IDX file itself).
-    raw_labels = np.frombuffer(gzip.decompress((MNIST_DIR / "t10k-labels-idx1-ubyte.gz").read_bytes()), np.uint8, offset=8)
+    raw_labels = np.frombuffer(
+        gzip.decompress((MNIST_DIR / "t10k-labels-idx1-ubyte.gz").read_bytes()), np.uint8, offset=8
+    )
     counts = {c: int((raw_labels == c).sum()) for c in classes}
     description = json.loads((run / "result" / "mixture.json").read_text())
     for c in classes:
@@ -315,6 +334,8 @@ def test_a_partition_survives_its_json_round_trip() -> None:
     from palomino.grid.partition import Partition
 
     partition = partition_grid([3, 5, 8], (2, 2), "moore")
-    shrunk = Partition((partition.grids[0], partition.grids[1].resized(1, 2, epoch=3), partition.grids[2]), partition.per_class)
+    shrunk = Partition(
+        (partition.grids[0], partition.grids[1].resized(1, 2, epoch=3), partition.grids[2]), partition.per_class
+    )
     again = Partition.from_json(json.loads(json.dumps(shrunk.to_json())))
     assert again == shrunk and again.describe() == shrunk.describe() and list(again.cells()) == list(shrunk.cells())

@@ -99,10 +99,18 @@ def test_a_partitioned_toy_run_is_scored_class_by_class(tmp_path: Path) -> None:
     ring = load_dataset(data, 7)
     on_mode_3 = score_mixture(Points(ring.modes[3], 3), data, ScoringOptions(samples=200), data_seed=7)
     assert on_mode_3["class"] == 3
-    assert on_mode_3["metrics"]["modes"] == {"value": 1, "modes_covered": 1, "modes": 1, "high_quality": 1.0, "counts": [200]}
+    assert on_mode_3["metrics"]["modes"] == {
+        "value": 1,
+        "modes_covered": 1,
+        "modes": 1,
+        "high_quality": 1.0,
+        "counts": [200],
+    }
     # The same points as a mixture of class 5: off its class's mode, none of them counts.
     on_mode_3_said_5 = score_mixture(Points(ring.modes[3], 5), data, ScoringOptions(samples=200), data_seed=7)
-    assert on_mode_3_said_5["metrics"]["modes"]["value"] == 0 and on_mode_3_said_5["metrics"]["modes"]["high_quality"] == 0
+    assert (
+        on_mode_3_said_5["metrics"]["modes"]["value"] == 0 and on_mode_3_said_5["metrics"]["modes"]["high_quality"] == 0
+    )
     # Without a class: against all 8 modes, as before.
     unlabelled = score_mixture(Points(ring.modes[3], None), data, ScoringOptions(samples=200), data_seed=7)
     assert "class" not in unlabelled and unlabelled["metrics"]["modes"]["modes"] == 8
@@ -132,7 +140,14 @@ def mnist_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     raw = tiny(
         name="pmnist",
         training={"iterations": 2, "batches_per_iteration": 5, "checkpoint_every": 0, "sample_every": 0},
-        data={"name": "mnist", "dir": str(SHARED_MNIST), "split": "test", "size": 0, "partition": "labels", "classes": CLASSES},
+        data={
+            "name": "mnist",
+            "dir": str(SHARED_MNIST),
+            "split": "test",
+            "size": 0,
+            "partition": "labels",
+            "classes": CLASSES,
+        },
         network={"name": "mlp", "hidden": 32, "latent_dim": 8},
     )
     raw["grid"] = {"per_class": "1x2"}
@@ -148,7 +163,15 @@ def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tupl
     done = palomino(*args, "--workers", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert last_line(done.stdout) == str(run / "scores.json")
-    for row in ("class mixture", "class 0 (0-", "class 1 (1-", "class 7 (2-", "2-1 (class 7)", "hit ↑", "one class's samples"):
+    for row in (
+        "class mixture",
+        "class 0 (0-",
+        "class 1 (1-",
+        "class 7 (2-",
+        "2-1 (class 7)",
+        "hit ↑",
+        "one class's samples",
+    ):
         assert row in done.stdout, row
     report = json.loads((run / "scores.json").read_text())
     data = load_config(run / "config.yaml").data
@@ -166,7 +189,11 @@ def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tupl
     # Each class: against its own digits only, with statistics of their own in the cache.
     assert report["class_metrics"] == ["fid", "is", "kid", "tvd", "hit"]
     cached = sorted(p.name for p in (cache / "real-statistics").glob("*.safetensors"))
-    assert len(cached) == 4 and [sum(f"-class{c}-{counts[c]}-" in name for name in cached) for c in CLASSES] == [1, 1, 1]
+    assert len(cached) == 4 and [sum(f"-class{c}-{counts[c]}-" in name for name in cached) for c in CLASSES] == [
+        1,
+        1,
+        1,
+    ]
     description = json.loads((run / "result" / "mixture.json").read_text())
     for c in CLASSES:
         reference = report["class_references"][str(c)]
@@ -226,7 +253,9 @@ class RealDigits:
         return self.images[torch.randint(len(self.images), (n,), generator=torch.Generator().manual_seed(seed))]
 
 
-def test_a_perfect_class_generator_scores_well_only_against_its_class(mnist_run: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_perfect_class_generator_scores_well_only_against_its_class(
+    mnist_run: tuple[Path, Path], tmp_path: Path
+) -> None:
     run, classifier = mnist_run
     data = load_config(run / "config.yaml").data
     dataset = load_dataset(data)

@@ -36,7 +36,9 @@ def test_migration_rate_is_the_share_of_iterations_neighbours_enter() -> None:
     rng = np.random.default_rng(1)
     fitness = [1.0, 0.1, 0.1, 0.1, 0.1]  # any neighbour beats the local one
     trials = 20_000
-    foreign = sum(neighbourhood_select([LOCAL, *FOREIGN], fitness, 1, 1, 5, rng, migration=0.25) != [LOCAL] for _ in range(trials))
+    foreign = sum(
+        neighbourhood_select([LOCAL, *FOREIGN], fitness, 1, 1, 5, rng, migration=0.25) != [LOCAL] for _ in range(trials)
+    )
     assert foreign / trials == pytest.approx(0.25, abs=5 * np.sqrt(0.25 * 0.75 / trials))
 
 
@@ -73,7 +75,9 @@ def test_generational_replacement_installs_every_offspring_however_fit_the_paren
 
 
 def test_a_cell_with_generational_replacement_holds_its_trained_offspring() -> None:
-    cfg = parse_config(tiny(training={"population_size": 2, "replacements": 1, "selection": {"replacement": "generational"}}))
+    cfg = parse_config(
+        tiny(training={"population_size": 2, "replacements": 1, "selection": {"replacement": "generational"}})
+    )
     dataset = load_dataset(cfg.data, 0)
     cell = Cell(Coord(0, 0), Topology(1, 1), cfg, dataset, experiment="t")
     before = {id(ind) for ind in cell.generators}
@@ -133,7 +137,11 @@ def _specialists(seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     left, right = torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 0.0])
     real = torch.cat([left + 0.05 * torch.randn(300, 2, generator=g), right + 0.05 * torch.randn(300, 2, generator=g)])
     smear = torch.cat([torch.rand(200, 1, generator=g) * 4 - 2, 0.05 * torch.randn(200, 1, generator=g)], dim=1)
-    return [left + 0.05 * torch.randn(200, 2, generator=g), right + 0.05 * torch.randn(200, 2, generator=g), smear], real
+    return [
+        left + 0.05 * torch.randn(200, 2, generator=g),
+        right + 0.05 * torch.randn(200, 2, generator=g),
+        smear,
+    ], real
 
 
 def test_greedy_forward_selection_takes_the_specialists_and_leaves_the_smear() -> None:
@@ -151,7 +159,9 @@ def test_greedy_forward_stops_when_no_component_helps() -> None:
         return float(abs(w[0] - 1.0))  # component 0 alone is best
 
     assert list(greedy_forward(score, 2, rounds=10)) == [1.0, 0.0]
-    assert len(calls) == 4  # two rounds of two additions (nothing to remove from one share): the second finds nothing better
+    assert (
+        len(calls) == 4
+    )  # two rounds of two additions (nothing to remove from one share): the second finds nothing better
 
 
 def test_optimised_ensemble_beats_equal_weights_on_held_out_samples() -> None:
@@ -174,6 +184,8 @@ def test_frechet_score_of_a_weighted_mixture_equals_the_fid_of_its_pooled_sample
     real = torch.randn(500, 3, generator=g)
     score = FrechetScore.from_features([a, b], real)
     pooled = torch.cat([a, b]).double()  # equal weights: the two components' samples pooled
-    expected = frechet_distance(pooled.mean(0), torch.cov(pooled.T, correction=0), real.double().mean(0), torch.cov(real.double().T))
+    expected = frechet_distance(
+        pooled.mean(0), torch.cov(pooled.T, correction=0), real.double().mean(0), torch.cov(real.double().T)
+    )
     assert score(np.array([0.5, 0.5])) == pytest.approx(expected, rel=1e-6)
     assert score(np.array([1.0, 0.0])) < score(np.array([0.0, 1.0]))  # a is drawn like the real data

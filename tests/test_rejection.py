@@ -70,8 +70,19 @@ def _ring_mixture(threshold: float | None):
     torch.manual_seed(0)
     generators = [build_generator(network, (2,), "points") for _ in range(2)]
     critics = [build_discriminator(network, (2,), "points") for _ in range(2)]
-    return Mixture(generators, np.array([0.5, 0.5]), ["0-0", "0-1"], network, (2,), "points", {"cell": "grid"},
-                   critics=critics, critic_cells=["0-0", "0-1"], threshold=threshold, quantile=0.05)
+    return Mixture(
+        generators,
+        np.array([0.5, 0.5]),
+        ["0-0", "0-1"],
+        network,
+        (2,),
+        "points",
+        {"cell": "grid"},
+        critics=critics,
+        critic_cells=["0-0", "0-1"],
+        threshold=threshold,
+        quantile=0.05,
+    )
 
 
 def test_a_saved_result_keeps_its_critics_and_filter_and_samples_through_them(tmp_path: Path) -> None:
@@ -106,11 +117,13 @@ def test_the_distributed_grid_gathers_every_cells_own_discriminator() -> None:
     from palomino.runs.result import CellResult, grid_components
 
     def result(cell: str, value: float) -> CellResult:
-        payload = save({
-            "component.0.w": np.full(2, value, dtype=np.float32),
-            "component.1.w": np.full(2, -1, dtype=np.float32),
-            "critic.0.v": np.full(3, value + 0.5, dtype=np.float32),
-        })
+        payload = save(
+            {
+                "component.0.w": np.full(2, value, dtype=np.float32),
+                "component.1.w": np.full(2, -1, dtype=np.float32),
+                "critic.0.v": np.full(3, value + 0.5, dtype=np.float32),
+            }
+        )
         return CellResult(cell, 0.1, [cell, "9-9"], [0.5, 0.5], payload, {"network": {}, "critics": [cell]})
 
     payload, description = grid_components([result("0-1", 2.0), result("0-0", 1.0)], "x")
@@ -128,7 +141,9 @@ def test_a_scorer_filter_without_critics_or_with_a_bad_threshold_is_refused(tmp_
     with pytest.raises(ValueError, match="critics"):
         write_ensemble(run, b"", {"components": ["0-0"]}, summary, b"")
     with pytest.raises(ValueError, match="critics"):
-        write_ensemble(run, b"", {"components": ["0-0"], "critics": ["0-0"]}, {**summary, "filter": {"threshold": "inf"}}, b"")
+        write_ensemble(
+            run, b"", {"components": ["0-0"], "critics": ["0-0"]}, {**summary, "filter": {"threshold": "inf"}}, b""
+        )
 
 
 @pytest.mark.parametrize("quantile", [-0.1, 0.6])
@@ -138,5 +153,6 @@ def test_the_critic_quantile_is_bounded(quantile: float) -> None:
     from palomino.config import ExperimentConfig
 
     with pytest.raises(ValidationError, match="critic_quantile"):
-        ExperimentConfig.model_validate({"name": "x", "data": {"name": "gaussian_ring"},
-                                         "training": {"ensemble": {"critic_quantile": quantile}}})
+        ExperimentConfig.model_validate(
+            {"name": "x", "data": {"name": "gaussian_ring"}, "training": {"ensemble": {"critic_quantile": quantile}}}
+        )

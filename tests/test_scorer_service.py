@@ -37,8 +37,12 @@ def job_of(run: Path, samples: int | None = None, payload: bytes | None = None) 
     description = json.loads((run / "result" / "mixture.json").read_text())
     options = {"samples": samples} if samples else {}
     job = ScoreJob(
-        job=f"test-{uuid.uuid4().hex[:8]}", experiment="scorer-test", target="best", mixture=description,
-        data={"name": "gaussian_ring", "size": 500}, options=options,
+        job=f"test-{uuid.uuid4().hex[:8]}",
+        experiment="scorer-test",
+        target="best",
+        mixture=description,
+        data={"name": "gaussian_ring", "size": 500},
+        options=options,
     )
     return job, payload if payload is not None else (run / "result" / "mixture.safetensors").read_bytes()
 

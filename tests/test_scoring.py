@@ -237,9 +237,9 @@ def test_palomino_score_on_a_toy_run_reports_modes_for_every_mixture_in_parallel
     )
     assert again["metrics"]["modes"] == modes
     cell = Mixture.load(toy_run / "result" / "cells" / "0-1")
-    assert score_mixture(cell, DataConfig(name="gaussian_ring"), ScoringOptions(metrics=["modes"]), data_seed=7)["metrics"] == {
-        "modes": report["cells"]["0-1"]["metrics"]["modes"]
-    }
+    assert score_mixture(cell, DataConfig(name="gaussian_ring"), ScoringOptions(metrics=["modes"]), data_seed=7)[
+        "metrics"
+    ] == {"modes": report["cells"]["0-1"]["metrics"]["modes"]}
 
 
 def test_mode_coverage_of_the_real_toy_data_is_complete() -> None:

@@ -41,22 +41,42 @@ def test_the_api_needs_the_token_except_health_and_metrics(orchestrator: TestCli
         for headers in ({}, auth("wrong-" + TOKEN), {"Authorization": TOKEN}):
             reply = orchestrator.request(method, path, headers=headers, content=body() if method == "POST" else None)
             assert reply.status_code == 401, (method, path, headers, reply.text)
-            assert reply.headers["www-authenticate"] == "Bearer" and "PALOMINO_ORCHESTRATOR_TOKEN" in reply.json()["detail"]
+            assert (
+                reply.headers["www-authenticate"] == "Bearer"
+                and "PALOMINO_ORCHESTRATOR_TOKEN" in reply.json()["detail"]
+            )
     assert orchestrator.get("/healthz").status_code == 200 and orchestrator.get("/metrics").status_code == 200
     created = orchestrator.post("/experiments", content=body(), headers=auth())
     assert created.status_code == 201, created.text
     assert orchestrator.get(f"/experiments/{created.json()['id']}", headers=auth()).json()["state"] == "waiting"
 
 
-def test_data_outside_the_roots_is_refused_alike_whether_it_exists_or_not(orchestrator: TestClient, tmp_path: Path) -> None:
+def test_data_outside_the_roots_is_refused_alike_whether_it_exists_or_not(
+    orchestrator: TestClient, tmp_path: Path
+) -> None:
     (tmp_path / "secret-photos").mkdir()
     replies = []
-    for folder in (tmp_path / "secret-photos", tmp_path / "no-such-folder", tmp_path / "datasets" / "mine" / ".." / ".." / "secret-photos", Path("/etc")):
-        reply = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder)}), headers=auth())
-        assert reply.status_code == 422 and "data.dir" in reply.json()["detail"] and "PALOMINO_DATA_ROOTS" in reply.json()["detail"]
+    for folder in (
+        tmp_path / "secret-photos",
+        tmp_path / "no-such-folder",
+        tmp_path / "datasets" / "mine" / ".." / ".." / "secret-photos",
+        Path("/etc"),
+    ):
+        reply = orchestrator.post(
+            "/experiments", content=body(data={"name": "image_folder", "dir": str(folder)}), headers=auth()
+        )
+        assert (
+            reply.status_code == 422
+            and "data.dir" in reply.json()["detail"]
+            and "PALOMINO_DATA_ROOTS" in reply.json()["detail"]
+        )
         replies.append(reply.json()["detail"].replace(str(folder), "PATH"))
     assert len(set(replies)) == 1, replies  # nothing tells which folders exist
-    inside = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(tmp_path / "datasets" / "mine")}), headers=auth())
+    inside = orchestrator.post(
+        "/experiments",
+        content=body(data={"name": "image_folder", "dir": str(tmp_path / "datasets" / "mine")}),
+        headers=auth(),
+    )
     assert inside.status_code == 201, inside.text
 
 
@@ -64,7 +84,10 @@ def test_oversized_and_alias_bomb_bodies_are_refused_and_health_still_answers(or
     big = b"name: x\n" + b"#" * (MAX_CONFIG_BYTES + 1)
     started = time.monotonic()
     assert orchestrator.post("/experiments", content=big, headers=auth()).status_code == 413
-    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(12))
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(12)
+    )
     reply = orchestrator.post("/experiments", content=bomb.encode(), headers=auth())
     assert reply.status_code == 422 and "aliases" in reply.json()["detail"]
     assert orchestrator.get("/healthz").status_code == 200
@@ -84,7 +107,9 @@ def test_a_stalled_consumer_fails_healthz(orchestrator: TestClient, monkeypatch:
 
 
 def test_the_orchestrator_refuses_a_network_address_without_a_token(tmp_path: Path) -> None:
-    done = palomino("orchestrator", "--host", "0.0.0.0", "--port", "0", "--runs", str(tmp_path), cwd=tmp_path, timeout=60)
+    done = palomino(
+        "orchestrator", "--host", "0.0.0.0", "--port", "0", "--runs", str(tmp_path), cwd=tmp_path, timeout=60
+    )
     assert done.returncode == 2 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -97,14 +122,18 @@ def test_placeholder_and_short_tokens_are_refused(tmp_path: Path, token: str, mo
 
 def test_submissions_are_capped_per_client_and_ended_experiments_leave_after_their_retention(tmp_path: Path) -> None:
     # 1,000 submissions in 7.5 s were all kept, forever.
-    settings = ServiceSettings(namespace=f"sec-{secrets.token_hex(4)}", orchestrator_token=TOKEN, max_active_per_client=2, retention_seconds=0)
+    settings = ServiceSettings(
+        namespace=f"sec-{secrets.token_hex(4)}", orchestrator_token=TOKEN, max_active_per_client=2, retention_seconds=0
+    )
     with TestClient(create_app(settings, tmp_path / "runs")) as client:
         first, second = (client.post("/experiments", content=body(), headers=auth()).json()["id"] for _ in range(2))
         refused = client.post("/experiments", content=body(), headers=auth())
         assert refused.status_code == 429 and "PALOMINO_MAX_ACTIVE_PER_CLIENT" in refused.json()["detail"]
         assert client.delete(f"/experiments/{first}", headers=auth()).json()["state"] == "stopped"
         deadline = time.monotonic() + 10
-        while client.get(f"/experiments/{first}", headers=auth()).status_code != 404:  # retention 0: gone at the next tick
+        while (
+            client.get(f"/experiments/{first}", headers=auth()).status_code != 404
+        ):  # retention 0: gone at the next tick
             assert time.monotonic() < deadline
             time.sleep(0.2)
         assert (tmp_path / "runs" / first / "config.yaml").is_file()  # its run directory stays
@@ -172,7 +201,9 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
         api = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:  # the experiment `up` submitted
-            assert up.poll() is None and time.monotonic() < deadline, up.stderr.read() if up.poll() is not None else "no experiment"
+            assert up.poll() is None and time.monotonic() < deadline, (
+                up.stderr.read() if up.poll() is not None else "no experiment"
+            )
             try:
                 listed = httpx.get(f"{api}/experiments", headers=auth(), timeout=2).json()
                 if listed and listed[0]["state"] == "running":
@@ -182,7 +213,9 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
             time.sleep(0.3)
         experiment = listed[0]["id"]
         assert httpx.post(f"{api}/experiments", content=body(), timeout=10).status_code == 401
-        outside = httpx.post(f"{api}/experiments", content=body(data={"name": "image_folder", "dir": "/etc"}), headers=auth(), timeout=10)
+        outside = httpx.post(
+            f"{api}/experiments", content=body(data={"name": "image_folder", "dir": "/etc"}), headers=auth(), timeout=10
+        )
         assert outside.status_code == 422 and "PALOMINO_DATA_ROOTS" in outside.text
 
         nested = nested_json_body()
@@ -215,17 +248,29 @@ def nested_json_body(levels: int = 5000) -> bytes:
     return LENGTH.pack(len(head)) + head
 
 
-def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(orchestrator: TestClient, tmp_path: Path) -> None:
+def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(
+    orchestrator: TestClient, tmp_path: Path
+) -> None:
     # A 404 kB image folder with image_size 1024 took 5.4 GB in a cell.
     from PIL import Image
 
     folder = tmp_path / "datasets" / "mine"
     for i in range(400):
         Image.new("L", (8, 8), color=i % 256).save(folder / f"{i}.png")
-    big = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 1024, "channels": 3}), headers=auth())
+    big = orchestrator.post(
+        "/experiments",
+        content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 1024, "channels": 3}),
+        headers=auth(),
+    )
     assert big.status_code == 422, big.text
     detail = big.json()["detail"]
     assert "400 images of 3×1024×1024" in detail and "PALOMINO_MAX_DATA_BYTES" in detail and "data.image_size" in detail
-    small = orchestrator.post("/experiments", content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 32}), headers=auth())
+    small = orchestrator.post(
+        "/experiments",
+        content=body(data={"name": "image_folder", "dir": str(folder), "image_size": 32}),
+        headers=auth(),
+    )
     assert small.status_code == 201, small.text
-    assert orchestrator.post("/experiments", content=body(data={"name": "cifar10"}), headers=auth()).status_code == 201  # 1.1 GiB: fits
+    assert (
+        orchestrator.post("/experiments", content=body(data={"name": "cifar10"}), headers=auth()).status_code == 201
+    )  # 1.1 GiB: fits

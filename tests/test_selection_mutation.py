@@ -114,7 +114,10 @@ def test_replace_worst_property() -> None:
         new_fitness = rng.normal(size=size).tolist()
         local = [("local", i) for i in range(size)]
         new = [("new", i) for i in range(size)]
-        fitness = {**{("local", i): f for i, f in enumerate(local_fitness)}, **{("new", i): f for i, f in enumerate(new_fitness)}}
+        fitness = {
+            **{("local", i): f for i, f in enumerate(local_fitness)},
+            **{("new", i): f for i, f in enumerate(new_fitness)},
+        }
         result = replace_worst(local, local_fitness, new, new_fitness, n)
         assert len(result) == size
         values = [fitness[item] for item in result]

@@ -25,7 +25,11 @@ KEY = MessageKey(secrets.token_hex(16))
 def test_a_signature_binds_the_key_the_body_and_the_address() -> None:
     headers = KEY.sign("cell.w1", b"body")
     KEY.check("cell.w1", b"body", headers)
-    for address, body, key in (("cell.w2", b"body", KEY), ("cell.w1", b"bodx", KEY), ("cell.w1", b"body", MessageKey("k" * 32))):
+    for address, body, key in (
+        ("cell.w2", b"body", KEY),
+        ("cell.w1", b"bodx", KEY),
+        ("cell.w1", b"body", MessageKey("k" * 32)),
+    ):
         with pytest.raises(SnapshotError, match="bad signature"):
             key.check(address, body, headers)
     with pytest.raises(SnapshotError, match="unsigned"):
@@ -63,7 +67,9 @@ async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken() -> None:
         body = encode_control(Stop(experiment="forged"))
         await publish(CONTROL_EXCHANGE, address, body)  # unsigned
         await publish(CONTROL_EXCHANGE, address, body, {HEADER: "0" * 64})  # a made-up signature
-        await publish(CONTROL_EXCHANGE, address, body, KEY.sign("cell.someone-else", body))  # signed for another address
+        await publish(
+            CONTROL_EXCHANGE, address, body, KEY.sign("cell.someone-else", body)
+        )  # signed for another address
         await sender.send(address, Stop(experiment="real"))
         await until(lambda: got and cell.rejected == 3)
         assert got == ["real"] and cell.rejected == 3
@@ -84,7 +90,10 @@ def _snapshot(experiment: str, iteration: int):
 
 async def test_an_unsigned_snapshot_is_rejected_where_snapshots_are_signed() -> None:
     experiment = f"test-{secrets.token_hex(4)}"
-    async with RabbitSnapshotBus(BROKER, experiment, key=KEY) as receiver, RabbitSnapshotBus(BROKER, experiment, key=KEY) as sender:
+    async with (
+        RabbitSnapshotBus(BROKER, experiment, key=KEY) as receiver,
+        RabbitSnapshotBus(BROKER, experiment, key=KEY) as sender,
+    ):
         await receiver.bind([Coord(0, 1)], epoch=0)
         key = routing_key(experiment, Coord(0, 1))
         await publish("palomino.snapshots", key, encode_snapshot(_snapshot(experiment, 5)))  # unsigned, newer
@@ -104,7 +113,9 @@ async def test_the_newest_published_snapshot_counts_only_when_signed() -> None:
         await sender.publish(_snapshot(experiment, 1))
         await asyncio.sleep(0.3)
         assert await newest_published(sender._channel, experiment, Coord(0, 1), KEY) is not None
-        await publish("palomino.snapshots", routing_key(experiment, Coord(0, 1)), encode_snapshot(_snapshot(experiment, 2)))
+        await publish(
+            "palomino.snapshots", routing_key(experiment, Coord(0, 1)), encode_snapshot(_snapshot(experiment, 2))
+        )
         await asyncio.sleep(0.3)
         assert await newest_published(sender._channel, experiment, Coord(0, 1), KEY) is None
         assert await newest_published(sender._channel, experiment, Coord(0, 1)) is not None  # no key: not checked

@@ -78,7 +78,9 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     home = tmp_path_factory.mktemp("e2e")
     raw = tiny(training={"iterations": ITERATIONS, "checkpoint_every": 1, "checkpoint_keep": 2, "sample_every": 2})
     config = write_yaml(home / "experiment.yaml", raw)
-    result = palomino("train", config, "--out", home / "runs", "--set", "training.losses=[minimax,mse]", "--set", "seed=11", cwd=home)
+    result = palomino(
+        "train", config, "--out", home / "runs", "--set", "training.losses=[minimax,mse]", "--set", "seed=11", cwd=home
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run = Path(last_line(result.stdout))
     if not run.is_absolute():
@@ -228,7 +230,9 @@ def test_synchronous_runs_are_reproducible(tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", tiny(training={"iterations": 3, "sample_every": 0, "checkpoint_every": 0}))
     runs = []
     for _ in range(2):
-        result = palomino("train", config, "--out", tmp_path / "runs", "--set", "training.synchronous=true", cwd=tmp_path)
+        result = palomino(
+            "train", config, "--out", tmp_path / "runs", "--set", "training.synchronous=true", cwd=tmp_path
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs.append(tmp_path / "runs" / Path(last_line(result.stdout)).name)
     assert runs[0] != runs[1]
@@ -375,9 +379,7 @@ def test_stop_reaches_a_cell_waiting_for_a_stopped_neighbour() -> None:
 
     async def scenario() -> Recorder:
         bus, liveness, recorder, stop = InMemorySnapshotBus(), InMemoryLiveness(), Recorder(), asyncio.Event()
-        settings = {
-            c: LoopSettings(iterations=50, synchronous=True, worker=str(c), checkpoint_every=1) for c in cells
-        }
+        settings = {c: LoopSettings(iterations=50, synchronous=True, worker=str(c), checkpoint_every=1) for c in cells}
         runs = [asyncio.create_task(run_cell(cells[c], bus, liveness, recorder, settings[c], stop)) for c in cells]
         # The fast cell finishes iteration 1 (it needs the slow cell's iteration 0, published before
         # the slow checkpoint) and then waits for the slow cell's iteration 1.
@@ -406,13 +408,18 @@ def test_resume_with_a_malformed_config_exits_2_naming_it(tmp_path: Path, text: 
     (run / "config.yaml").write_text(text)
     result = palomino("train", "--resume", run, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr and ("config" in result.stderr or "grid.rows" in result.stderr), result.stderr
+    assert "Traceback" not in result.stderr and ("config" in result.stderr or "grid.rows" in result.stderr), (
+        result.stderr
+    )
 
 
 def test_the_cli_takes_verbose_after_the_command_and_refuses_what_is_not_a_choice(tmp_path: Path) -> None:
     late = palomino("sample", tmp_path, "--n", "1", "--out", tmp_path / "x.npy", "-v", cwd=tmp_path)
     assert late.returncode == 2 and "not a run directory" in late.stderr and "No such option" not in late.stderr
-    for args, what in ((("score", tmp_path, "--extractor", "vgg"), "'vgg' is not one of"), (("score", tmp_path, "--device", "gpu"), "use cpu, cuda or cuda:N"),
-                       (("classifier", "train", "--data", "gaussian_ring", "--out", tmp_path / "c.safetensors"), "is not one of")):
+    for args, what in (
+        (("score", tmp_path, "--extractor", "vgg"), "'vgg' is not one of"),
+        (("score", tmp_path, "--device", "gpu"), "use cpu, cuda or cuda:N"),
+        (("classifier", "train", "--data", "gaussian_ring", "--out", tmp_path / "c.safetensors"), "is not one of"),
+    ):
         done = palomino(*args, cwd=tmp_path)
         assert done.returncode == 2 and what in done.stderr, done.stderr

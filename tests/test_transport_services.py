@@ -63,7 +63,10 @@ async def test_a_validator_rejects_snapshots_that_do_not_fit(experiment: str) ->
         if s.tensors["generator.net.w"].shape != (4,):
             raise ValueError("generator.net.w: wrong shape")
 
-    async with RabbitSnapshotBus(BROKER, experiment, validator=fits) as receiver, RabbitSnapshotBus(BROKER, experiment) as sender:
+    async with (
+        RabbitSnapshotBus(BROKER, experiment, validator=fits) as receiver,
+        RabbitSnapshotBus(BROKER, experiment) as sender,
+    ):
         await receiver.bind([Coord(1, 0)], epoch=0)
         await sender.publish(snapshot(experiment, (1, 0), 1, size=5))
         await sender.publish(snapshot(experiment, (1, 0), 2, size=4))
@@ -188,7 +191,9 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(cap
     connection = await aio_pika.connect(BROKER)
     async with connection:
         old = await connection.channel()
-        await old.declare_queue(f"palomino.{address}", durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+        await old.declare_queue(
+            f"palomino.{address}", durable=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE}
+        )
     got: list[str] = []
 
     async def handler(message, payload: bytes) -> None:
@@ -225,7 +230,9 @@ async def test_score_results_stay_in_their_namespace() -> None:
 
             await queue.follow_results(names[ns], keep)
         for ns, queue in queues.items():  # an experiment id with dots, and the same id in each stack
-            await queue.publish_result(ScoreResult(job=f"job-{ns or 'plain'}", experiment=f"x.score.{tag}", target="best"))
+            await queue.publish_result(
+                ScoreResult(job=f"job-{ns or 'plain'}", experiment=f"x.score.{tag}", target="best")
+            )
         for _ in range(100):
             if all(got.values()):
                 break

@@ -57,7 +57,9 @@ def test_round_trip_is_bit_identical() -> None:
         got = decoded.tensors[key]
         assert got.dtype == original.dtype and got.shape == original.shape, key
         # Bit-identical, NaN and signed zeros included.
-        assert got.reshape(-1).view(torch.uint8).tolist() == original.contiguous().reshape(-1).view(torch.uint8).tolist(), key
+        assert (
+            got.reshape(-1).view(torch.uint8).tolist() == original.contiguous().reshape(-1).view(torch.uint8).tolist()
+        ), key
     expected_header = snapshot.header.model_dump(exclude={"checksum", "payload_bytes"})
     assert decoded.header.model_dump(exclude={"checksum", "payload_bytes"}) == expected_header
     assert decoded.header.payload_bytes > 0 and len(decoded.header.checksum) == 64
@@ -221,7 +223,9 @@ def test_depth_counts_brackets_in_json_not_in_strings() -> None:
     assert json_depth_ok(deeply_nested(64)) and not json_depth_ok(deeply_nested(65))
     assert json_depth_ok(b'{"path": "' + b"[" * 500 + b'"}')  # brackets in a string are text
     assert json_depth_ok(b'["\\"' + b"[" * 500 + b'"]')  # an escaped quote does not end the string
-    assert not json_depth_ok(b'["' + b"]" * 500 + b'", ' + b"[" * 100 + b"]" * 100 + b"]")  # closers in a string do not hide depth
+    assert not json_depth_ok(
+        b'["' + b"]" * 500 + b'", ' + b"[" * 100 + b"]" * 100 + b"]"
+    )  # closers in a string do not hide depth
     assert json_depth_ok(b'"\\"' * 100_000)  # unterminated, with escapes: linear, and json refuses it
 
 
@@ -235,6 +239,8 @@ def test_urls_are_redacted_in_text_and_log_records() -> None:
     assert redact_text("connect to amqp://guest:s3cret@h/ and redis://:r3dis@h:6379/0 failed") == (
         "connect to amqp://guest:***@h/ and redis://:***@h:6379/0 failed"
     )
-    record = logging.LogRecord("aio_pika", logging.WARNING, __file__, 1, 'Connection attempt to "%s" failed', ("amqp://guest:s3cret@h/",), None)
+    record = logging.LogRecord(
+        "aio_pika", logging.WARNING, __file__, 1, 'Connection attempt to "%s" failed', ("amqp://guest:s3cret@h/",), None
+    )
     RedactingFilter().filter(record)
     assert "s3cret" not in record.getMessage() and "amqp://guest:***@h/" in record.getMessage()

@@ -229,7 +229,9 @@ class Cell:
         z_fit = self._noise(training.fitness.sample_size)
         real_fit, y_fit = self._random_real(training.fitness.sample_size)
         fakes = self._generate(all_g, z_fit, y_fit)
-        g_table, d_table, d_reals = loss_table(fakes, [d.network for d in all_d], real_fit, self.fitness_loss, labels=y_fit)
+        g_table, d_table, d_reals = loss_table(
+            fakes, [d.network for d in all_d], real_fit, self.fitness_loss, labels=y_fit
+        )
         mode = training.fitness.mode
         for ind, value in zip(all_g, aggregate(g_table, mode, dim=1).tolist()):
             ind.fitness = value
@@ -246,7 +248,9 @@ class Cell:
         # Re-evaluate the trained individuals against the neighbourhood, then replace the worst.
         new_fakes = self._generate(new_g, z_fit, y_fit)
         # The neighbourhood's discriminators have not changed since: reuse their logits on real data.
-        g_new_table, _, _ = loss_table(new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss, d_reals, y_fit)
+        g_new_table, _, _ = loss_table(
+            new_fakes, [d.network for d in all_d], real_fit, self.fitness_loss, d_reals, y_fit
+        )
         _, d_new_table, _ = loss_table(fakes, [d.network for d in new_d], real_fit, self.fitness_loss, labels=y_fit)
         for ind, value in zip(new_g, aggregate(g_new_table, mode, dim=1).tolist()):
             ind.fitness, ind.origin = value, str(self.coord)
@@ -310,7 +314,9 @@ class Cell:
         }
 
     @torch.no_grad()
-    def _generate(self, generators: list[Individual], z: torch.Tensor, labels: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def _generate(
+        self, generators: list[Individual], z: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
         return [apply(g.network, z, labels) for g in generators]
 
     def _train(

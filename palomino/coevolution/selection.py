@@ -24,7 +24,9 @@ def tournament_select(
     return winners
 
 
-def replace_worst(local: list[T], local_fitness: Sequence[float], new: list[T], new_fitness: Sequence[float], n: int) -> list[T]:
+def replace_worst(
+    local: list[T], local_fitness: Sequence[float], new: list[T], new_fitness: Sequence[float], n: int
+) -> list[T]:
     """The `n` worst of `local` replaced by the `n` best of `new`; result sorted best first."""
     order = sorted(range(len(local)), key=lambda i: local_fitness[i])
     best_new = sorted(range(len(new)), key=lambda i: new_fitness[i])[:n]

@@ -12,8 +12,6 @@ from palomino.config.models import ExperimentConfig
 from palomino.errors import ConfigError, describe_validation
 
 
-
-
 def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping of keys (grid, training, data, ...)")

@@ -18,12 +18,20 @@ RENAMED_LOSSES = {
 
 def renamed_loss(name: str) -> str:
     return f"loss {name!r} was renamed: {RENAMED_LOSSES[name]}"
+
+
 DataName = Literal["mnist", "fashion_mnist", "cifar10", "image_folder", "gaussian_ring", "gaussian_grid"]
 MetricName = Literal["fid", "is", "kid", "tvd", "modes"]
 # Labels of each dataset whose label count is known without reading it (image_folder: one per
 # subfolder). Partitioned layouts need it torch-free (the orchestrator); tests/test_partitioned.py
 # checks it against the loaders.
-LABEL_COUNTS: dict[str, int] = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "gaussian_ring": 8, "gaussian_grid": 25}
+LABEL_COUNTS: dict[str, int] = {
+    "mnist": 10,
+    "fashion_mnist": 10,
+    "cifar10": 10,
+    "gaussian_ring": 8,
+    "gaussian_grid": 25,
+}
 
 
 class _Strict(BaseModel):
@@ -68,7 +76,9 @@ class GridConfig(_QuietNewKeys):
 
 
 class FitnessConfig(_Strict):
-    sample_size: int = Field(100, ge=1, le=100_000, description="samples each generator/discriminator pair is evaluated on")
+    sample_size: int = Field(
+        100, ge=1, le=100_000, description="samples each generator/discriminator pair is evaluated on"
+    )
     mode: Literal["average", "best", "worst"] = "average"
 
 
@@ -89,11 +99,14 @@ class EnsembleConfig(_Strict):
     """The run's result: a mixture over every cell's generator, optimised after training."""
 
     scope: Literal["grid", "neighbourhood"] = Field(
-        "grid", description="grid: optimise a mixture over all cells' generators; neighbourhood: the best cell's mixture"
+        "grid",
+        description="grid: optimise a mixture over all cells' generators; neighbourhood: the best cell's mixture",
     )
     es_steps: int = Field(200, ge=0, le=100_000, description="(1+1)-ES steps on the weights after greedy selection")
     sigma: float = Field(0.02, gt=0, le=10, description="std of the ES's Gaussian step on the weights")
-    samples: int = Field(0, ge=0, le=100_000, description="generated samples per cell; 0 = about 5,000 points or 2,000 images in all")
+    samples: int = Field(
+        0, ge=0, le=100_000, description="generated samples per cell; 0 = about 5,000 points or 2,000 images in all"
+    )
     critic_quantile: float = Field(
         0.0,
         ge=0,
@@ -107,7 +120,10 @@ class SelectionConfig(_Strict):
     """How neighbours' individuals enter a cell (see docs/engine.md, 'Diversity')."""
 
     migration: float = Field(
-        1.0, ge=0, le=1, description="chance per iteration that neighbours take part in the tournament (1 = always, Lipizzaner)"
+        1.0,
+        ge=0,
+        le=1,
+        description="chance per iteration that neighbours take part in the tournament (1 = always, Lipizzaner)",
     )
     margin: float = Field(
         0.0, ge=0, description="a neighbour's individual must be fitter than the local one by more than this to win"
@@ -131,7 +147,10 @@ class TrainingConfig(_Strict):
     n_critic: int = Field(5, ge=1, le=100, description="discriminator steps per generator step with wgan_gp")
     discriminator_skip_each_nth_step: int = Field(0, ge=0, le=1_000)
     data_diet: float = Field(
-        1.0, gt=0, le=1, description="share of the data each cell trains on, its own random subset (Toutouh et al. 2020)"
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the data each cell trains on, its own random subset (Toutouh et al. 2020)",
     )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
@@ -167,7 +186,10 @@ class DataConfig(_QuietNewKeys):
     channels: Literal[1, 3] | None = None
     download: bool = True
     classes: list[int] | None = Field(
-        None, min_length=1, max_length=1_000, description="keep only these labels (data.size then counts samples of these)"
+        None,
+        min_length=1,
+        max_length=1_000,
+        description="keep only these labels (data.size then counts samples of these)",
     )
     partition: Literal["none", "labels"] = Field(
         "none", description="labels: one sub-grid per class (grid.per_class), each training on its class only"
@@ -191,7 +213,9 @@ class DataConfig(_QuietNewKeys):
         if self.classes is not None and count is not None and max(self.classes) >= count:
             raise ValueError(f"data.classes: {self.name} has labels 0–{count - 1}, not {max(self.classes)}")
         if self.partition == "labels" and self.labels is None:
-            raise ValueError(f"data.classes: data.partition=labels on {self.name} needs the labels listed, e.g. [0, 1, 2]")
+            raise ValueError(
+                f"data.classes: data.partition=labels on {self.name} needs the labels listed, e.g. [0, 1, 2]"
+            )
         return self
 
     @property
@@ -219,32 +243,59 @@ class NetworkConfig(_QuietNewKeys):
 class DistributedConfig(_Strict):
     """How the orchestrator lays out and keeps a distributed run (ignored by `palomino train`)."""
 
-    min_cells: int | None = Field(None, ge=1, le=1_048_576, description="fewest cells to start or go on with; default rows×cols")
-    max_cells: int | None = Field(None, ge=1, le=1_048_576, description="most cells to lay out; default rows×cols")
-    start_timeout: float = Field(120.0, gt=0, le=86_400, description="seconds to wait for max_cells workers before starting with fewer")
-    on_failure: Literal["auto", "replace", "shrink"] = Field(
-        "auto", description="a dead cell's coordinate goes to a spare (replace) or the grid shrinks; auto: replace while spares exist"
+    min_cells: int | None = Field(
+        None, ge=1, le=1_048_576, description="fewest cells to start or go on with; default rows×cols"
     )
-    heartbeat_ttl: float = Field(5.0, ge=2, le=3_600, description="seconds without a heartbeat before a worker counts as dead (≥ 2: cells heartbeat every second)")
-    neighbour_timeout: float = Field(60.0, gt=0, le=86_400, description="seconds a cell waits for a neighbour's snapshot before going on without it")
+    max_cells: int | None = Field(None, ge=1, le=1_048_576, description="most cells to lay out; default rows×cols")
+    start_timeout: float = Field(
+        120.0, gt=0, le=86_400, description="seconds to wait for max_cells workers before starting with fewer"
+    )
+    on_failure: Literal["auto", "replace", "shrink"] = Field(
+        "auto",
+        description="a dead cell's coordinate goes to a spare (replace) or the grid shrinks; auto: replace while spares exist",
+    )
+    heartbeat_ttl: float = Field(
+        5.0,
+        ge=2,
+        le=3_600,
+        description="seconds without a heartbeat before a worker counts as dead (≥ 2: cells heartbeat every second)",
+    )
+    neighbour_timeout: float = Field(
+        60.0, gt=0, le=86_400, description="seconds a cell waits for a neighbour's snapshot before going on without it"
+    )
     max_snapshot_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, le=1024**3, description="larger snapshot bodies are refused (dead-lettered) by the cells"
+        64 * 1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="larger snapshot bodies are refused (dead-lettered) by the cells",
     )
 
 
 class ScoringConfig(_Strict):
     """What the offline scorer computes (`palomino score`, the scorer service); see docs/scoring.md."""
 
-    every: int = Field(0, ge=0, le=10_000_000, description="iterations between scorings of the cells' mixtures; 0 = only at the end")
-    metrics: list[MetricName] | None = Field(None, min_length=1, description="default: fid, is, kid, tvd for images; modes for the toys")
-    samples: int | None = Field(None, ge=2, le=1_000_000, description="generated samples per mixture; default 10,000 images / 2,500 points")
+    every: int = Field(
+        0, ge=0, le=10_000_000, description="iterations between scorings of the cells' mixtures; 0 = only at the end"
+    )
+    metrics: list[MetricName] | None = Field(
+        None, min_length=1, description="default: fid, is, kid, tvd for images; modes for the toys"
+    )
+    samples: int | None = Field(
+        None, ge=2, le=1_000_000, description="generated samples per mixture; default 10,000 images / 2,500 points"
+    )
     extractor: Literal["classifier", "inception"] = "classifier"
-    classifier: Path | None = Field(None, description="file of `palomino classifier train`; default $PALOMINO_CLASSIFIER")
-    final: bool = Field(True, description="distributed runs: queue score jobs for the final mixtures (for `palomino scorer`)")
+    classifier: Path | None = Field(
+        None, description="file of `palomino classifier train`; default $PALOMINO_CLASSIFIER"
+    )
+    final: bool = Field(
+        True, description="distributed runs: queue score jobs for the final mixtures (for `palomino scorer`)"
+    )
 
     def job_options(self) -> dict[str, Any]:
         """What a score job carries as its options (the rest is the scorer's defaults and environment)."""
-        return self.model_dump(mode="json", include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True)
+        return self.model_dump(
+            mode="json", include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True
+        )
 
 
 class ExperimentConfig(_Strict):

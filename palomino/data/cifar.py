@@ -18,7 +18,16 @@ SUBDIR = "cifar-10-batches-bin"
 RECORD = 1 + 3 * 32 * 32  # label byte + CHW pixels
 FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
 CLASS_NAMES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 )
 
 
@@ -79,8 +88,13 @@ def _fetch(cfg: Any, bases: list[Path], split: str) -> list[Path]:
             archive.unlink(missing_ok=True)
     searched = [d for b in bases for d in (b, b / SUBDIR)]
     raise missing_files_error(
-        f"cifar10 {split} split", searched, bases[0] / SUBDIR, FILES[split],
-        reason, f" (they come in {URL})", _pickled_hint(bases),
+        f"cifar10 {split} split",
+        searched,
+        bases[0] / SUBDIR,
+        FILES[split],
+        reason,
+        f" (they come in {URL})",
+        _pickled_hint(bases),
     )
 
 

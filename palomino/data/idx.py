@@ -55,8 +55,16 @@ SOURCES = {
         # Debian's dataset-fashion-mnist: the four canonical *.gz names.
         extra_dirs=(Path("/usr/share/datasets/fashion-mnist"),),
         class_names=(
-            "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
         ),
     ),
 }
@@ -124,7 +132,12 @@ def _fetch(cfg: Any, source: IdxSource, dirs: list[Path], split: str) -> list[Pa
     here = next((d for d in dirs if locate([d], other)), None)
     hint = f"Only the {other} split ({_PREFIX[other]}-*) is here ({here}): set data.split={other}."
     raise missing_files_error(
-        f"{cfg.name} {split} split", dirs, target, files, reason, " (gzipped or raw)",
+        f"{cfg.name} {split} split",
+        dirs,
+        target,
+        files,
+        reason,
+        " (gzipped or raw)",
         hint if here else "",
     )
 

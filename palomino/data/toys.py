@@ -37,6 +37,4 @@ def load_toy(cfg: Any, seed: int) -> Dataset:
     # Equal mixture: counts differ by at most one, in random order.
     labels = torch.randperm(n, generator=g) % len(modes)
     points = modes[labels] + sigma * torch.randn(n, 2, generator=g)
-    return Dataset(
-        name=cfg.name, samples=points, labels=labels, kind="points", modes=modes, mode_std=sigma
-    )
+    return Dataset(name=cfg.name, samples=points, labels=labels, kind="points", modes=modes, mode_std=sigma)

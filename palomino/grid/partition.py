@@ -63,11 +63,7 @@ class ClassGrid:
         return (self.to_global(c) for c in self.topology.cells())
 
     def __contains__(self, coord: object) -> bool:
-        return (
-            isinstance(coord, tuple)
-            and len(coord) == 2
-            and (coord[0] - self.row_offset, coord[1]) in self.topology
-        )
+        return isinstance(coord, tuple) and len(coord) == 2 and (coord[0] - self.row_offset, coord[1]) in self.topology
 
     def neighbours(self, coord: Coord) -> list[Coord]:
         """Distinct neighbours on the class's torus (ids), never another class's cells."""
@@ -141,7 +137,11 @@ class Partition:
     @classmethod
     def from_json(cls, data: dict) -> Partition:
         grids = tuple(
-            ClassGrid(int(g["label"]), Topology(int(g["rows"]), int(g["cols"]), g["kind"], int(g["epoch"])), int(g["row_offset"]))
+            ClassGrid(
+                int(g["label"]),
+                Topology(int(g["rows"]), int(g["cols"]), g["kind"], int(g["epoch"])),
+                int(g["row_offset"]),
+            )
             for g in data["grids"]
         )
         rows, cols = data["per_class"]
@@ -176,7 +176,9 @@ def class_grid_at(
     band = coord[0] // band_rows
     ordered = sorted(labels)
     if not 0 <= band < len(ordered):
-        raise ValueError(f"cell {Coord(*coord)} lies outside the {len(ordered)} classes × {band_rows} rows of this partition")
+        raise ValueError(
+            f"cell {Coord(*coord)} lies outside the {len(ordered)} classes × {band_rows} rows of this partition"
+        )
     rows, cols = shape or per_class
     if rows > band_rows:
         raise ValueError(f"a class's sub-grid has at most {band_rows} rows (its band), not {rows}")

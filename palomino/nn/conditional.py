@@ -64,7 +64,13 @@ class ConditionalMLPDiscriminator(nn.Module):
     conditional = True
 
     def __init__(
-        self, hidden: int, sample_shape: tuple[int, ...], *, label_count: int, label_dim: int, activation: Activation = "leaky_relu"
+        self,
+        hidden: int,
+        sample_shape: tuple[int, ...],
+        *,
+        label_count: int,
+        label_dim: int,
+        activation: Activation = "leaky_relu",
     ):
         super().__init__()
         self.sample_shape, self.label_count = tuple(sample_shape), label_count

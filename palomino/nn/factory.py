@@ -64,7 +64,9 @@ def build_discriminator(
     channels, size = _conv_image(network, sample_shape, kind)
     spectral = network.name == "sngan"
     if labels:
-        return ConditionalDCGANDiscriminator(network.width, channels, size, spectral=spectral, label_count=labels["label_count"])
+        return ConditionalDCGANDiscriminator(
+            network.width, channels, size, spectral=spectral, label_count=labels["label_count"]
+        )
     return DCGANDiscriminator(network.width, channels, size, spectral=spectral)
 
 

@@ -123,7 +123,9 @@ def gradient_penalty(
     return (grad.flatten(1).norm(2, dim=1) - 1).square().mean()
 
 
-_LOSSES: dict[str, GanLoss] = {loss.name: loss for loss in (MinimaxLoss(), NonSaturatingLoss(), MSELoss(), WGANGPLoss())}
+_LOSSES: dict[str, GanLoss] = {
+    loss.name: loss for loss in (MinimaxLoss(), NonSaturatingLoss(), MSELoss(), WGANGPLoss())
+}
 LOSS_NAMES: tuple[str, ...] = tuple(_LOSSES)
 
 

@@ -30,7 +30,13 @@ class MLPGenerator(nn.Module):
     """
 
     def __init__(
-        self, latent_dim: int, hidden: int, sample_shape: tuple[int, ...], *, tanh: bool, activation: Activation = "leaky_relu"
+        self,
+        latent_dim: int,
+        hidden: int,
+        sample_shape: tuple[int, ...],
+        *,
+        tanh: bool,
+        activation: Activation = "leaky_relu",
     ):
         super().__init__()
         self.latent_dim = latent_dim

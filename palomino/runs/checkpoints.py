@@ -54,7 +54,9 @@ def encode_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     return save({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
 
 
-def write_checkpoint(folder: Path, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any], keep: int) -> Path:
+def write_checkpoint(
+    folder: Path, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any], keep: int
+) -> Path:
     return write_checkpoint_bytes(folder, iteration, encode_tensors(tensors), meta, keep)
 
 

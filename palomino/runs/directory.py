@@ -1,6 +1,6 @@
 """The run directory: the contract between the engine, services, CLI, dashboard and tests.
 
-    <run>/config.yaml  topology.jsonl  metrics.jsonl  samples/<r>-<c>/  checkpoints/<r>-<c>/  result/
+<run>/config.yaml  topology.jsonl  metrics.jsonl  samples/<r>-<c>/  checkpoints/<r>-<c>/  result/
 """
 
 from __future__ import annotations
@@ -149,7 +149,12 @@ class RunDirectory:
         self, topology: Topology, assignment: dict[str, str], classes: dict[str, dict[str, int]] | None = None
     ) -> None:
         """`classes` (partitioned runs): label → its sub-grid's rows, cols and row_offset."""
-        record: dict[str, Any] = {"epoch": topology.epoch, "rows": topology.rows, "cols": topology.cols, "cells": assignment}
+        record: dict[str, Any] = {
+            "epoch": topology.epoch,
+            "rows": topology.rows,
+            "cols": topology.cols,
+            "cells": assignment,
+        }
         if classes is not None:
             record["classes"] = classes
         self._append(self.topology_path, record)

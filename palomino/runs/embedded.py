@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 class RunRecorder:
     """Recorder port → the run directory."""
 
-    def __init__(self, run: RunDirectory, dataset: Dataset, keep: int, on_metrics: Callable[[dict], None] | None = None):
+    def __init__(
+        self, run: RunDirectory, dataset: Dataset, keep: int, on_metrics: Callable[[dict], None] | None = None
+    ):
         self.run, self.dataset, self.keep, self.on_metrics = run, dataset, keep, on_metrics
 
     async def metrics(self, record: dict[str, Any]) -> None:
@@ -42,7 +44,9 @@ class RunRecorder:
     async def samples(self, coord: Coord, iteration: int, samples: torch.Tensor) -> None:
         self.run.write_samples(coord, iteration, progress_png(samples, self.dataset.kind, self.dataset.modes))
 
-    async def checkpoint(self, coord: Coord, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    async def checkpoint(
+        self, coord: Coord, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+    ) -> None:
         await asyncio.to_thread(write_checkpoint, self.run.checkpoint_dir(coord), iteration, tensors, meta, self.keep)
 
 
@@ -62,7 +66,9 @@ def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | C
         return topology, {coord: topology for coord in topology.cells()}
     assert config.data.labels is not None
     partition = partition_grid(config.data.labels, config.grid.per_class_shape, kind)
-    return Topology(partition.rows, partition.cols, kind), {coord: partition.grid_of(coord) for coord in partition.cells()}
+    return Topology(partition.rows, partition.cols, kind), {
+        coord: partition.grid_of(coord) for coord in partition.cells()
+    }
 
 
 def parallel_cells(config: ExperimentConfig, cells: int) -> int:
@@ -108,9 +114,14 @@ async def train_embedded(
 ) -> TrainOutcome:
     stop = stop or asyncio.Event()
     if config.scoring.every:
-        log.warning("scoring.every applies to distributed runs (their scorers); score this one when it ends: palomino score RUN_DIR")
+        log.warning(
+            "scoring.every applies to distributed runs (their scorers); score this one when it ends: palomino score RUN_DIR"
+        )
     topology, tori = layout(config)
-    cells = [Cell(coord, torus, config, dataset, experiment=run.experiment, device=config.device) for coord, torus in tori.items()]
+    cells = [
+        Cell(coord, torus, config, dataset, experiment=run.experiment, device=config.device)
+        for coord, torus in tori.items()
+    ]
     if resume:
         restore_cells(run, cells, config.training.synchronous)
         if on_restored:

@@ -118,7 +118,9 @@ def grid_ensemble(
         name = "fid (classifier features)"
     else:
         if dataset.kind == "image":
-            log.info("no classifier configured: the grid ensemble is optimised on pixel MMD² (set scoring.classifier for FID)")
+            log.info(
+                "no classifier configured: the grid ensemble is optimised on pixel MMD² (set scoring.classifier for FID)"
+            )
         factors = FINE_BANDWIDTH_FACTORS if dataset.kind == "points" else (0.1, 0.3, 1.0)
         select = MixtureScore.from_samples(fakes_select, real_select, factors)
         held = MixtureScore.from_samples(fakes_held, real_held, factors)

@@ -54,7 +54,9 @@ async def gather_neighbours(
             try:
                 snapshot = await bus.wait(coord, wanted if synchronous else -1, timeout)
             except TimeoutError:
-                log.warning("cell %s: no snapshot from neighbour %s for %s s; going on without it", cell.coord, coord, timeout)
+                log.warning(
+                    "cell %s: no snapshot from neighbour %s for %s s; going on without it", cell.coord, coord, timeout
+                )
                 silent.add(coord)
         if snapshot is not None:
             silent.discard(coord)

@@ -200,13 +200,33 @@ class Mixture:
             critic = build_discriminator(network, shape, description["kind"], label_count).to(device)
             critic.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
             critics.append(critic)
-        special = {"weights", "components", "network", "sample_shape", "kind", "priors", "label_count", "critics", "filter"}
+        special = {
+            "weights",
+            "components",
+            "network",
+            "sample_shape",
+            "kind",
+            "priors",
+            "label_count",
+            "critics",
+            "filter",
+        }
         info = {k: v for k, v in description.items() if k not in special}
         rule = description.get("filter") or {}
         return cls(
-            generators, np.array(description["weights"]), description["components"], network, shape,
-            description["kind"], info, priors, label_count, critics, list(description.get("critics", [])),
-            rule.get("threshold"), rule.get("quantile"),
+            generators,
+            np.array(description["weights"]),
+            description["components"],
+            network,
+            shape,
+            description["kind"],
+            info,
+            priors,
+            label_count,
+            critics,
+            list(description.get("critics", [])),
+            rule.get("threshold"),
+            rule.get("quantile"),
         )
 
 

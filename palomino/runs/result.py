@@ -70,9 +70,16 @@ def neighbourhood_mixture(
 
     parts = cell.neighbourhood_mixture(snapshots)
     weights = np.array([w for _, w, _ in parts])
-    info: dict[str, Any] = {"cell": str(cell.coord), "data": cell.config.data.name, "experiment": experiment, "iteration": cell.iteration}
+    info: dict[str, Any] = {
+        "cell": str(cell.coord),
+        "data": cell.config.data.name,
+        "experiment": experiment,
+        "iteration": cell.iteration,
+    }
     if score:
-        info.update(score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights), score_name="mmd2")
+        info.update(
+            score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights), score_name="mmd2"
+        )
     if cell.label is not None:  # its class's samples in the training data: the class prior's numerator
         info.update({"class": cell.label, "class_count": class_counts(dataset)[cell.label]})
     critics = [cell.discriminators.best.network] if uses_critics(cell.config) else []
@@ -102,7 +109,12 @@ def ensemble_result(cells: list[Cell], dataset: Dataset, experiment: str) -> Cel
     cells = sorted(cells, key=lambda c: str(c.coord))  # the order grid_components gives a distributed run
     critics = [c.discriminators.best.network for c in cells] if uses_critics(config) else None
     grid = grid_ensemble(
-        [c.generators.best.network for c in cells], [str(c.coord) for c in cells], dataset, config, cells[0].device, critics
+        [c.generators.best.network for c in cells],
+        [str(c.coord) for c in cells],
+        dataset,
+        config,
+        cells[0].device,
+        critics,
     )
     mixture = Mixture(
         generators=grid.generators,
@@ -143,7 +155,9 @@ def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Datase
     labels = cell.picture_labels(n)
     samples = mixture.sample(n, seed=cell.config.seed, labels=None if labels is None else labels.cpu())
     png = png_bytes(picture_of(samples, dataset.kind, dataset.modes))
-    return CellResult(str(cell.coord), score, mixture.components, [float(w) for w in mixture.weights], payload, description, png)
+    return CellResult(
+        str(cell.coord), score, mixture.components, [float(w) for w in mixture.weights], payload, description, png
+    )
 
 
 def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellResult | None = None) -> CellResult:
@@ -162,7 +176,9 @@ def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellRes
         save_encoded(run.result_dir / "cells" / result.cell, result.payload, result.description)
     ranking: dict[str, Any] = {
         "score": "mmd2 (lower is better)",
-        "ranking": [{"cell": r.cell, "score": r.score, "components": r.components, "weights": r.weights} for r in ranked],
+        "ranking": [
+            {"cell": r.cell, "score": r.score, "components": r.components, "weights": r.weights} for r in ranked
+        ],
     }
     if ensemble is not None:
         ranking["ensemble"] = ensemble.description.get("ensemble", {})
@@ -211,7 +227,9 @@ def grid_components(results: list[CellResult], experiment: str) -> tuple[bytes, 
     return save(tensors), description
 
 
-def write_ensemble(run: RunDirectory, payload: bytes, description: dict[str, Any], summary: dict[str, Any], png: bytes) -> None:
+def write_ensemble(
+    run: RunDirectory, payload: bytes, description: dict[str, Any], summary: dict[str, Any], png: bytes
+) -> None:
     """result/ becomes the grid's ensemble: `description` with the optimised weights of `summary`."""
     description = {
         **description,
@@ -234,7 +252,9 @@ def write_ensemble(run: RunDirectory, payload: bytes, description: dict[str, Any
         atomic_write(run.result_dir / "samples.png", png)
 
 
-def write_class_result(run: RunDirectory, results: list[CellResult], labels: list[int] | None = None) -> dict[int, CellResult]:
+def write_class_result(
+    run: RunDirectory, results: list[CellResult], labels: list[int] | None = None
+) -> dict[int, CellResult]:
     """A partitioned run's result/ (torch-free): each class's best mixture in classes/<c>/, every
     cell's in cells/<r>-<c>/, the class mixture in mixture.json, ranking.json class by class,
     and samples.png with each class's samples side by side. `labels`: the classes that must be
@@ -259,7 +279,11 @@ def write_class_result(run: RunDirectory, results: list[CellResult], labels: lis
             atomic_write(folder / "samples.png", result.samples_png)
         count = int(result.description["class_count"])
         classes[str(label)] = {
-            "path": f"classes/{label}", "prior": count / total, "count": count, "cell": result.cell, "score": result.score,
+            "path": f"classes/{label}",
+            "prior": count / total,
+            "count": count,
+            "cell": result.cell,
+            "score": result.score,
         }
     first = best[min(best)].description
     description = {

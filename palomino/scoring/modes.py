@@ -20,7 +20,12 @@ class ModeCoverage:
     counts: list[int]
 
     def as_dict(self) -> dict:
-        return {"modes_covered": self.covered, "modes": self.modes, "high_quality": self.high_quality, "counts": self.counts}
+        return {
+            "modes_covered": self.covered,
+            "modes": self.modes,
+            "high_quality": self.high_quality,
+            "counts": self.counts,
+        }
 
 
 def mode_coverage(samples: torch.Tensor, centres: torch.Tensor, std: float, min_count: int = 20) -> ModeCoverage:

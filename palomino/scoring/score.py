@@ -389,7 +389,9 @@ def score_run(
         data_json, options_json = data.model_dump(mode="json"), options.model_dump(mode="json")
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_score_targets, share, data_json, options_json, config.seed) for share in shares]
-            by_job = {job: score for share, future in zip(shares, futures) for job, score in zip(share, future.result())}
+            by_job = {
+                job: score for share, future in zip(shares, futures) for job, score in zip(share, future.result())
+            }
         scores = [by_job[job] for job in jobs]
     by_name = {name: score for key, score in zip(unique, scores) for name in names_of[key]}
     best_cell = _description(folders["best"]).get("cell")

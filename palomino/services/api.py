@@ -73,7 +73,10 @@ class OrchestratorCounters:
     def collect(self):
         family = CounterMetricFamily("palomino_orchestrator", "Orchestrator counters", labels=["name"])
         control = getattr(self.orchestrator, "control", None)
-        for name, value in {**self.orchestrator.counters, "rejected_messages": control.rejected if control else 0}.items():
+        for name, value in {
+            **self.orchestrator.counters,
+            "rejected_messages": control.rejected if control else 0,
+        }.items():
             family.add_metric([name], value)
         yield family
 
@@ -130,7 +133,9 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
         return lookup(experiment_id).summary(orchestrator.alive)
 
     @api.get("/experiments/{experiment_id}/metrics")
-    async def metrics(experiment_id: str, since: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=MAX_METRICS_PAGE)) -> dict:
+    async def metrics(
+        experiment_id: str, since: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=MAX_METRICS_PAGE)
+    ) -> dict:
         experiment = lookup(experiment_id)
         records, following, total = await asyncio.to_thread(orchestrator.metrics_page, experiment, since, limit)
         return {"since": since, "next": following, "total": total, "records": records}
@@ -192,7 +197,11 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
         status = "ok"
         if stalled > STALLED_AFTER:
             response.status_code, status = 503, f"stalled: a message has been in hand for {stalled:.0f} s"
-        return {"status": status, "experiments": len(orchestrator.experiments), "workers_alive": len(orchestrator.alive)}
+        return {
+            "status": status,
+            "experiments": len(orchestrator.experiments),
+            "workers_alive": len(orchestrator.alive),
+        }
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -33,7 +33,11 @@ def bearer_guard(token: str | None, variable: str, *, query: bool = False) -> Ca
         else:
             supplied = request.query_params.get("access_token", "") if query else ""
         if not secrets.compare_digest(supplied.encode(), token.encode()):
-            raise HTTPException(401, f"missing or wrong token: send 'Authorization: Bearer <{variable}>'", headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                f"missing or wrong token: send 'Authorization: Bearer <{variable}>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     return authorised
 
@@ -41,9 +45,13 @@ def bearer_guard(token: str | None, variable: str, *, query: bool = False) -> Ca
 def check_token(token: str, variable: str) -> str:
     """The token, unless it is a placeholder or too short to resist guessing (ValueError says which)."""
     if is_placeholder(token):
-        raise ValueError(f"{variable} is still the example's placeholder: set a real secret, e.g. `openssl rand -hex 32`")
+        raise ValueError(
+            f"{variable} is still the example's placeholder: set a real secret, e.g. `openssl rand -hex 32`"
+        )
     if len(token.strip()) < MIN_TOKEN_LENGTH:
-        raise ValueError(f"{variable} has {len(token.strip())} characters; use at least {MIN_TOKEN_LENGTH} (e.g. `openssl rand -hex 32`)")
+        raise ValueError(
+            f"{variable} has {len(token.strip())} characters; use at least {MIN_TOKEN_LENGTH} (e.g. `openssl rand -hex 32`)"
+        )
     return token.strip()
 
 
@@ -64,4 +72,6 @@ def refuse_placeholder_passwords(**urls: str) -> None:
     for name, url in urls.items():
         password = urlsplit(url).password or ""
         if is_placeholder(password):
-            raise ValueError(f"{name}: its password is still the example's placeholder ('change-me…'); set a real one (e.g. `openssl rand -hex 24`) in .env or the Secret")
+            raise ValueError(
+                f"{name}: its password is still the example's placeholder ('change-me…'); set a real one (e.g. `openssl rand -hex 24`) in .env or the Secret"
+            )

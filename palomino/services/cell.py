@@ -31,6 +31,7 @@ from palomino.wire.score import ScoreJob
 
 log = logging.getLogger(__name__)
 
+
 class RestoreError(PalominoError):
     """The checkpoint or snapshot an Assign carried does not load into this cell."""
 
@@ -43,30 +44,44 @@ REGISTER_PERIOD = 2.0
 class ControlRecorder:
     """Recorder port → control messages to the orchestrator."""
 
-    def __init__(self, control: ControlChannel, orchestrator: str, experiment: str, worker: str, kind: str, modes: Any) -> None:
+    def __init__(
+        self, control: ControlChannel, orchestrator: str, experiment: str, worker: str, kind: str, modes: Any
+    ) -> None:
         self.control, self.orchestrator, self.experiment, self.worker = control, orchestrator, experiment, worker
         self.kind, self.modes = kind, modes
 
     async def metrics(self, record: dict[str, Any]) -> None:
-        await self.control.send(self.orchestrator, Metrics(experiment=self.experiment, worker=self.worker, record=record))
+        await self.control.send(
+            self.orchestrator, Metrics(experiment=self.experiment, worker=self.worker, record=record)
+        )
 
     async def samples(self, coord: Coord, iteration: int, samples: Any) -> None:
         from palomino.runs.images import progress_png
 
         png = progress_png(samples, self.kind, self.modes)
-        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration), png)
+        await self.control.send(
+            self.orchestrator,
+            Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration),
+            png,
+        )
 
     async def real_samples(self, coord: Coord, dataset: Any, seed: int) -> None:
         from palomino.runs.images import real_png
 
         png = await asyncio.to_thread(real_png, dataset, 64, seed)
-        await self.control.send(self.orchestrator, Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=0, real=True), png)
+        await self.control.send(
+            self.orchestrator,
+            Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=0, real=True),
+            png,
+        )
 
     async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
         from palomino.runs.checkpoints import encode_tensors
 
         payload = await asyncio.to_thread(encode_tensors, tensors)
-        message = Checkpoint(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration, meta=meta)
+        message = Checkpoint(
+            experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration, meta=meta
+        )
         await self.control.send(self.orchestrator, message, payload)
 
 
@@ -79,7 +94,9 @@ def fits(cell: Any):
             for name, tensor in state.items():
                 got = snapshot.tensors.get(f"{role}.net.{name}")
                 if got is None or got.shape != tensor.shape:
-                    raise ValueError(f"{role}.net.{name}: {None if got is None else tuple(got.shape)}, expected {tuple(tensor.shape)}")
+                    raise ValueError(
+                        f"{role}.net.{name}: {None if got is None else tuple(got.shape)}, expected {tuple(tensor.shape)}"
+                    )
 
     return check
 
@@ -114,7 +131,9 @@ class CellWorker:
         self.shutdown.set()
 
     async def run(self) -> None:
-        self.control = await ControlChannel(self.settings.broker_url, cell_address(self.worker), key=self.settings.signer).connect()
+        self.control = await ControlChannel(
+            self.settings.broker_url, cell_address(self.worker), key=self.settings.signer
+        ).connect()
         self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         await self.control.listen(self._on_control)
         background = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._registrations())]
@@ -151,7 +170,10 @@ class CellWorker:
         while True:
             if not self._busy and self._assignment is None:
                 try:
-                    await self.control.send(self.orchestrator, Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device))
+                    await self.control.send(
+                        self.orchestrator,
+                        Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device),
+                    )
                 except PalominoError as error:
                     log.warning("registration failed: %s", error)
             await asyncio.sleep(REGISTER_PERIOD)
@@ -189,7 +211,12 @@ class CellWorker:
 
     async def _report_failure(self, experiment: str, reason: str, restore_failed: bool = False) -> None:
         try:
-            failed = Failed(experiment=experiment, worker=self.worker, reason=f"{self.worker}: {reason}", restore_failed=restore_failed)
+            failed = Failed(
+                experiment=experiment,
+                worker=self.worker,
+                reason=f"{self.worker}: {reason}",
+                restore_failed=restore_failed,
+            )
             await self.control.send(self.orchestrator, failed)
         except PalominoError as error:
             log.warning("could not report the failure: %s", error)
@@ -203,6 +230,7 @@ class CellWorker:
         from palomino.wire import decode_snapshot
 
         experiment = assign.experiment
+
         def build() -> tuple[Any, Any, Any]:
             # In a thread: building networks and reading data must not starve the heartbeats.
             config = parse_config(assign.config)
@@ -217,7 +245,9 @@ class CellWorker:
                 elif payload:
                     cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
             except (ValueError, KeyError, RuntimeError, PalominoError) as error:  # does not load, or does not fit
-                raise RestoreError(f"cell {tuple(assign.coord)}: the assigned {(assign.restore_meta or {}).get('from', 'checkpoint')} does not load: {error}") from None
+                raise RestoreError(
+                    f"cell {tuple(assign.coord)}: the assigned {(assign.restore_meta or {}).get('from', 'checkpoint')} does not load: {error}"
+                ) from None
             return config, dataset, cell
 
         try:
@@ -225,20 +255,35 @@ class CellWorker:
         except (ValueError, KeyError) as error:  # a config or dataset that does not fit
             raise PalominoError(f"cannot set up cell {tuple(assign.coord)}: {error}") from None
         self._ttl = config.distributed.heartbeat_ttl
-        log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, experiment, assign.rows, assign.cols, assign.epoch, cell.iteration)
+        log.info(
+            "training cell %s of %s (%d×%d, epoch %d) from iteration %d",
+            cell.coord,
+            experiment,
+            assign.rows,
+            assign.cols,
+            assign.epoch,
+            cell.iteration,
+        )
         bus = RabbitSnapshotBus(
-            self.settings.broker_url, experiment, max_bytes=config.distributed.max_snapshot_bytes, validator=fits(cell),
+            self.settings.broker_url,
+            experiment,
+            max_bytes=config.distributed.max_snapshot_bytes,
+            validator=fits(cell),
             key=self.settings.signer,
         )
         await bus.connect()
-        recorder = ControlRecorder(self.control, self.orchestrator, experiment, self.worker, dataset.kind, dataset.modes)
+        recorder = ControlRecorder(
+            self.control, self.orchestrator, experiment, self.worker, dataset.kind, dataset.modes
+        )
         every, scored, scoring = config.scoring.every, {cell.iteration}, None
         try:  # until the training's own try/finally below: nothing may leave the bus open
             if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
                 await recorder.real_samples(cell.coord, dataset, config.seed)
             if every:
                 try:
-                    scoring = await ScoreQueue(self.settings.broker_url, self.settings.namespace, key=self.settings.signer).connect()
+                    scoring = await ScoreQueue(
+                        self.settings.broker_url, self.settings.namespace, key=self.settings.signer
+                    ).connect()
                 except PalominoError as error:
                     log.warning("periodic scoring is off for this cell: %s", error)
         except BaseException:
@@ -260,15 +305,25 @@ class CellWorker:
 
         async def between_iterations() -> None:
             await apply_layout()
-            if scoring is None or cell.iteration % every or cell.iteration in scored or cell.iteration >= config.training.iterations:
+            if (
+                scoring is None
+                or cell.iteration % every
+                or cell.iteration in scored
+                or cell.iteration >= config.training.iterations
+            ):
                 return  # the final mixtures are the orchestrator's to queue
             scored.add(cell.iteration)
             snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
             mixture = await asyncio.to_thread(neighbourhood_mixture, cell, snapshots, dataset, experiment, False)
             payload, description = await asyncio.to_thread(mixture.encode)
             job = ScoreJob(
-                job=f"{experiment}:{cell.coord}@{cell.iteration}", experiment=experiment, target=str(cell.coord),
-                iteration=cell.iteration, mixture=description, data=config.data.model_dump(mode="json"), data_seed=config.seed,
+                job=f"{experiment}:{cell.coord}@{cell.iteration}",
+                experiment=experiment,
+                target=str(cell.coord),
+                iteration=cell.iteration,
+                mixture=description,
+                data=config.data.model_dump(mode="json"),
+                data_seed=config.seed,
                 options=config.scoring.job_options(),
             )
             try:
@@ -287,7 +342,9 @@ class CellWorker:
             neighbour_timeout=config.distributed.neighbour_timeout,
         )
         try:
-            await run_cell(cell, bus, self.liveness, recorder, settings, self._stop, before_iteration=between_iterations)
+            await run_cell(
+                cell, bus, self.liveness, recorder, settings, self._stop, before_iteration=between_iterations
+            )
             if cell.iteration >= training.iterations:
                 snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
                 result = await asyncio.to_thread(cell_result, cell, snapshots, dataset, experiment)
@@ -308,4 +365,3 @@ class CellWorker:
             await bus.close()
             if scoring is not None:
                 await scoring.close()
-

@@ -22,9 +22,13 @@ class OrchestratorClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as error:
-            raise TransportError(f"cannot reach the orchestrator at {self.url}: {error} (check --orchestrator / PALOMINO_ORCHESTRATOR_URL)") from None
+            raise TransportError(
+                f"cannot reach the orchestrator at {self.url}: {error} (check --orchestrator / PALOMINO_ORCHESTRATOR_URL)"
+            ) from None
         if response.status_code == 401:
-            raise PalominoError(f"orchestrator at {self.url}: refused (401): set PALOMINO_ORCHESTRATOR_TOKEN to its token")
+            raise PalominoError(
+                f"orchestrator at {self.url}: refused (401): set PALOMINO_ORCHESTRATOR_TOKEN to its token"
+            )
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -40,7 +44,9 @@ class OrchestratorClient:
             return False
 
     def submit(self, config_yaml: str) -> dict[str, Any]:
-        return self._call("POST", "/experiments", content=config_yaml.encode(), headers={"content-type": "application/yaml"})
+        return self._call(
+            "POST", "/experiments", content=config_yaml.encode(), headers={"content-type": "application/yaml"}
+        )
 
     def experiment(self, experiment_id: str) -> dict[str, Any]:
         return self._call("GET", f"/experiments/{experiment_id}")
@@ -48,7 +54,9 @@ class OrchestratorClient:
     def delete(self, experiment_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/experiments/{experiment_id}")
 
-    def wait(self, experiment_id: str, timeout: float | None = None, on_poll=None, period: float = 1.0) -> dict[str, Any]:
+    def wait(
+        self, experiment_id: str, timeout: float | None = None, on_poll=None, period: float = 1.0
+    ) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             summary = self.experiment(experiment_id)

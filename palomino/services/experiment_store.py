@@ -38,7 +38,9 @@ def read_states(runs: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         try:
             state = json.loads(path.read_text())
             if not isinstance(state, dict) or state.get("version") != VERSION:
-                raise ValueError(f"version {state.get('version') if isinstance(state, dict) else '?'}, expected {VERSION}")
+                raise ValueError(
+                    f"version {state.get('version') if isinstance(state, dict) else '?'}, expected {VERSION}"
+                )
         except (OSError, ValueError) as error:
             log.warning("%s: not re-adopted (%s)", path, error)
             continue
@@ -49,7 +51,12 @@ def write_collected(run_dir: Path, result: CellResult) -> None:
     """A cell's reported result, kept until the experiment's result/ is written."""
     folder = Path(run_dir) / COLLECTED / result.cell
     save_encoded(folder, result.payload, result.description)
-    side = {"score": result.score, "components": result.components, "weights": result.weights, "trained_at": result.trained_at}
+    side = {
+        "score": result.score,
+        "components": result.components,
+        "weights": result.weights,
+        "trained_at": result.trained_at,
+    }
     if result.samples_png:
         side["samples_png"] = base64.b64encode(result.samples_png).decode()
     atomic_write(folder / "result.json", json.dumps(side).encode())
@@ -68,5 +75,10 @@ def read_collected(run_dir: Path, cells: list[str]) -> dict[str, CellResult]:
                 base64.b64decode(side.get("samples_png", "")), trained_at=str(side.get("trained_at", "")),
             )  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError) as error:
-            log.warning("%s: the result of cell %s is not readable (%s); its coordinate is handled as a failed cell", run_dir, cell, error)
+            log.warning(
+                "%s: the result of cell %s is not readable (%s); its coordinate is handled as a failed cell",
+                run_dir,
+                cell,
+                error,
+            )
     return found

@@ -42,7 +42,10 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as handle:
         return subprocess.Popen(
-            [sys.executable, "-m", "palomino", *args], stdout=handle, stderr=subprocess.STDOUT, env=env,
+            [sys.executable, "-m", "palomino", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
 
@@ -132,9 +135,13 @@ def run_up(
         deadline = time.monotonic() + 60
         while not client.healthy():
             if orchestrator.poll() is not None:
-                raise PalominoError(f"the orchestrator exited (code {orchestrator.returncode}); see {logs / 'orchestrator.log'}")
+                raise PalominoError(
+                    f"the orchestrator exited (code {orchestrator.returncode}); see {logs / 'orchestrator.log'}"
+                )
             if time.monotonic() > deadline:
-                raise PalominoError(f"the orchestrator did not answer on {url} within 60 s; see {logs / 'orchestrator.log'}")
+                raise PalominoError(
+                    f"the orchestrator did not answer on {url} within 60 s; see {logs / 'orchestrator.log'}"
+                )
             time.sleep(0.3)
         prefix = f"up{port}"
         for i in range(cells + spares):
@@ -143,7 +150,13 @@ def run_up(
             workers.append(_spawn(["scorer", "--name", f"{prefix}-scorer-{i}"], logs / f"scorer-{i}.log", env))
         experiment = client.submit(config_yaml)["id"]
         console.print(f"experiment {experiment}: {cells} cells + {spares} spares; logs in {logs}", highlight=False)
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[state]}"),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("cell-iterations", total=None, state="waiting")
 
@@ -162,7 +175,10 @@ def run_up(
                 scores = wait_for_scores(Path(summary["run_dir"]), targets, score_timeout)
             best = scores.get("best")
             if "classes" in summary:
-                console.print(f"{len(scores.get('cells', {}))} cells scored; the class mixture: palomino score {summary['run_dir']}", highlight=False)
+                console.print(
+                    f"{len(scores.get('cells', {}))} cells scored; the class mixture: palomino score {summary['run_dir']}",
+                    highlight=False,
+                )
             elif best is None:
                 console.print(f"no score arrived within {score_timeout:.0f} s; see {logs}", highlight=False)
             else:

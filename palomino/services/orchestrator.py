@@ -71,7 +71,9 @@ def adopt_ensemble(run: RunDirectory, result: ScoreResult) -> None:
         or not all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights)
         or sum(weights) <= 0
     ):
-        raise ValueError(f"weights {str(weights)[:80]} do not fit the grid's {len(description['components'])} components")
+        raise ValueError(
+            f"weights {str(weights)[:80]} do not fit the grid's {len(description['components'])} components"
+        )
     summary = {**summary, "weights": [w / sum(weights) for w in weights]}
     png = base64.b64decode(result.samples_png) if result.samples_png else b""
     write_ensemble(run, (folder / "mixture.safetensors").read_bytes(), description, summary, png)
@@ -178,7 +180,11 @@ class Experiment:
         experiment.history_since = {parse_coord(c): int(e) for c, e in saved.get("history_since", {}).items()}
         collected = read_collected(run.path, list(saved.get("done", [])))
         experiment.done = {parse_coord(c): result for c, result in collected.items()}
-        experiment.recorded = {("-".join(map(str, r["cell"])), int(r["iteration"])) for r in run.metrics() if "cell" in r and "iteration" in r}
+        experiment.recorded = {
+            ("-".join(map(str, r["cell"])), int(r["iteration"]))
+            for r in run.metrics()
+            if "cell" in r and "iteration" in r
+        }
         if saved.get("partition"):
             experiment.partition = Partition.from_json(saved["partition"])
         return experiment
@@ -218,7 +224,10 @@ def record_score(folder: Path, result: ScoreResult) -> None:
     elif result.iteration is None:
         scores.setdefault("cells", {})[result.target] = entry
     else:
-        scores.setdefault("periodic", {})[f"{result.target}@{result.iteration}"] = {"iteration": result.iteration, **entry}
+        scores.setdefault("periodic", {})[f"{result.target}@{result.iteration}"] = {
+            "iteration": result.iteration,
+            **entry,
+        }
     atomic_write(path, json.dumps(finite_json(scores), indent=2, allow_nan=False).encode())
 
 
@@ -254,7 +263,9 @@ class Orchestrator:
     async def start(self) -> None:
         self.runs.mkdir(parents=True, exist_ok=True)
         namespace = self.settings.namespace
-        self.control = await ControlChannel(self.settings.broker_url, orchestrator_address(namespace), key=self.settings.signer).connect()
+        self.control = await ControlChannel(
+            self.settings.broker_url, orchestrator_address(namespace), key=self.settings.signer
+        ).connect()
         self.liveness = RedisLiveness(self.settings.redis_url, liveness_prefix(self.settings.namespace))
         self._readopt()  # before the first message: Done and Metrics waiting in the queue must find their experiment
         await self.control.listen(self._on_control)
@@ -295,7 +306,9 @@ class Orchestrator:
         """A new experiment, unless `client` already has max_active_per_client waiting or running (TooBusy)."""
         active = sum(1 for e in self.experiments.values() if e.client == client and not e.finished)
         if active >= self.settings.max_active_per_client:
-            raise TooBusy(f"{active} experiments of yours are waiting or running (PALOMINO_MAX_ACTIVE_PER_CLIENT is {self.settings.max_active_per_client}); wait for one or delete it")
+            raise TooBusy(
+                f"{active} experiments of yours are waiting or running (PALOMINO_MAX_ACTIVE_PER_CLIENT is {self.settings.max_active_per_client}); wait for one or delete it"
+            )
         run = RunDirectory.create(self.runs, config)
         experiment = Experiment(run.experiment, config, run, client=client)
         self.experiments[experiment.id] = experiment
@@ -312,7 +325,8 @@ class Orchestrator:
     def _working_on(self, experiment: Experiment) -> list[str]:
         """Workers still training a cell of `experiment` (not done, not moved on)."""
         return [
-            w for c, w in experiment.cells.items()
+            w
+            for c, w in experiment.cells.items()
             if c not in experiment.done and w in self.workers and self.workers[w].experiment == experiment.id
         ]
 
@@ -333,7 +347,11 @@ class Orchestrator:
         if isinstance(message, Register):
             worker = self.workers.setdefault(message.worker, Worker(message.worker))
             worker.host, worker.device, worker.idle = message.host, message.device, True
-            if worker.experiment and (exp := self.experiments.get(worker.experiment)) and exp.cells.get(worker.coord) != worker.id:
+            if (
+                worker.experiment
+                and (exp := self.experiments.get(worker.experiment))
+                and exp.cells.get(worker.coord) != worker.id
+            ):
                 worker.free()  # it was replaced while away
             return
         experiment = self.experiments.get(getattr(message, "experiment", ""))
@@ -386,12 +404,18 @@ class Orchestrator:
         if isinstance(message, (Checkpoint, Samples)):
             coord = Coord(*message.coord)
             if message.real if isinstance(message, Samples) else False:
-                why = "" if message.worker in experiment.cells.values() else "real samples from a worker outside the layout"
+                why = (
+                    ""
+                    if message.worker in experiment.cells.values()
+                    else "real samples from a worker outside the layout"
+                )
             elif experiment.cells.get(coord) != message.worker:
                 why = f"{message.kind} for {coord} from {message.worker}, which does not hold it"
             elif not 0 <= message.iteration <= iterations:
                 why = f"{message.kind} for iteration {message.iteration} of {iterations}"
-            elif isinstance(message, Checkpoint) and int(message.meta.get("epoch", 0)) < experiment.history_since.get(coord, 0):
+            elif isinstance(message, Checkpoint) and int(message.meta.get("epoch", 0)) < experiment.history_since.get(
+                coord, 0
+            ):
                 why = "a checkpoint from before the coordinate changed hands"
         elif isinstance(message, Metrics):
             record = message.record
@@ -413,11 +437,19 @@ class Orchestrator:
             if experiment.moved_from.get(message.worker) != coord:
                 return  # a cell that has since been replaced
             coord = next(c for c, w in experiment.cells.items() if w == message.worker)
-            log.info("cell %s of %s finished before its move: its result stands for %s", message.coord, experiment.id, coord)
+            log.info(
+                "cell %s of %s finished before its move: its result stands for %s", message.coord, experiment.id, coord
+            )
         experiment.moved_from.pop(message.worker, None)
         experiment.done[coord] = CellResult(
-            str(coord), message.score, message.components, message.weights, payload, message.mixture,
-            base64.b64decode(message.samples_png) if message.samples_png else b"", trained_at=str(Coord(*message.coord)),
+            str(coord),
+            message.score,
+            message.components,
+            message.weights,
+            payload,
+            message.mixture,
+            base64.b64decode(message.samples_png) if message.samples_png else b"",
+            trained_at=str(Coord(*message.coord)),
         )
         await asyncio.to_thread(write_collected, experiment.run.path, experiment.done[coord])
         await asyncio.to_thread(experiment.persist)
@@ -427,7 +459,11 @@ class Orchestrator:
 
     async def _maybe_finish(self, experiment: Experiment) -> None:
         """Once every cell of the current layout has reported its result, rank them into result/."""
-        if experiment.state == "running" and not experiment.collecting and set(experiment.done) >= set(experiment.cells):
+        if (
+            experiment.state == "running"
+            and not experiment.collecting
+            and set(experiment.done) >= set(experiment.cells)
+        ):
             experiment.collecting = True  # before the await: a concurrent Done must not write result/ again
             try:
                 best = await asyncio.to_thread(write_result, experiment.run, list(experiment.done.values()))
@@ -439,8 +475,12 @@ class Orchestrator:
                 return  # stopped while result/ was being written
             experiment.state, experiment.ended_at = "finished", time.time()  # only now: result/ is complete
             await asyncio.to_thread(experiment.persist)
-            log.info("experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score)
-            await self._event(experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score})
+            log.info(
+                "experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score
+            )
+            await self._event(
+                experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score}
+            )
             await self._enqueue_scoring(experiment, best)
             await self._forget_all_published(experiment)
 
@@ -450,7 +490,9 @@ class Orchestrator:
         if not scoring.final:
             return
         options = scoring.job_options()
-        targets = [(str(coord), result.description, result.payload, None) for coord, result in sorted(experiment.done.items())]
+        targets = [
+            (str(coord), result.description, result.payload, None) for coord, result in sorted(experiment.done.items())
+        ]
         if experiment.partition is None:  # a class mixture has no single payload: `palomino score` scores it
             targets.insert(0, await self._best_target(experiment, best))
         for target, description, payload, ensemble in targets:
@@ -498,7 +540,11 @@ class Orchestrator:
             try:
                 await asyncio.to_thread(adopt_ensemble, RunDirectory(folder), result)
             except (OSError, ValueError, KeyError, TypeError) as error:
-                log.warning("experiment %s: the ensemble's weights are not usable (%s); result/ keeps the best cell's mixture", result.experiment, error)
+                log.warning(
+                    "experiment %s: the ensemble's weights are not usable (%s); result/ keeps the best cell's mixture",
+                    result.experiment,
+                    error,
+                )
         await asyncio.to_thread(record_score, folder, result)
 
     # ---- supervision ----------------------------------------------------------------------
@@ -559,7 +605,9 @@ class Orchestrator:
 
     def _spares(self, ttl: float) -> list[str]:
         return sorted(
-            w.id for w in self.workers.values() if w.experiment is None and w.idle and w.id in self.alive and not self._is_dead(w.id, ttl)
+            w.id
+            for w in self.workers.values()
+            if w.experiment is None and w.idle and w.id in self.alive and not self._is_dead(w.id, ttl)
         )
 
     async def _try_start(self, experiment: Experiment) -> None:
@@ -567,21 +615,31 @@ class Orchestrator:
         low, high = config.cell_bounds
         spares = self._spares(config.distributed.heartbeat_ttl)
         waited = time.monotonic() - experiment.created
-        rows, cols = rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols)) if spares else (0, 0)
+        rows, cols = (
+            rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols)) if spares else (0, 0)
+        )
         enough = rows * cols >= low
         if config.partitioned:  # every worker gets a cell of some class, at least one per class
             enough = min(len(spares), high) >= max(low, len(config.data.labels or ()))
         if len(spares) < high and not (waited >= config.distributed.start_timeout and enough):
             if waited >= config.distributed.start_timeout and not enough:
-                await self._end(experiment, "failed", f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; min_cells is {low}")
+                await self._end(
+                    experiment,
+                    "failed",
+                    f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; min_cells is {low}",
+                )
             return
         if min(len(spares), high) == config.cells:
             rows, cols = config.grid.rows, config.grid.cols  # exactly the configured grid when it is there
         if config.partitioned:
             experiment.partition = class_layout(config, min(len(spares), high))
             if experiment.partition is None:  # fewer workers than classes, after the start timeout
-                await self._end(experiment, "failed", f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; "
-                                f"a partitioned run needs at least one per class ({len(config.data.labels or ())})")
+                await self._end(
+                    experiment,
+                    "failed",
+                    f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; "
+                    f"a partitioned run needs at least one per class ({len(config.data.labels or ())})",
+                )
                 return
             rows, cols = experiment.partition.rows, max(g.cols for g in experiment.partition.grids)
         topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
@@ -591,7 +649,13 @@ class Orchestrator:
         experiment.cells = dict(zip(coords, spares))
         experiment.state = "running"
         experiment.record_layout()
-        log.info("experiment %s starts on %d×%d: %s", experiment.id, rows, cols, {str(c): w for c, w in experiment.cells.items()})
+        log.info(
+            "experiment %s starts on %d×%d: %s",
+            experiment.id,
+            rows,
+            cols,
+            {str(c): w for c, w in experiment.cells.items()},
+        )
         for coord, worker in experiment.cells.items():
             await self._assign(experiment, coord, worker)
         await self._event(experiment, "topology", experiment.summary(self.alive))
@@ -609,15 +673,35 @@ class Orchestrator:
             checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
             resumed, chosen = 0, None
             if checkpoint is not None:
-                payload, meta, resumed, chosen = checkpoint.payload, checkpoint.meta, checkpoint.iteration, ("checkpoint", checkpoint.iteration)
+                payload, meta, resumed, chosen = (
+                    checkpoint.payload,
+                    checkpoint.meta,
+                    checkpoint.iteration,
+                    ("checkpoint", checkpoint.iteration),
+                )
             snapshot = await self._newest_published(experiment, coord)
-            if snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable:  # newer than the checkpoint
-                payload, meta, resumed, chosen = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}, snapshot[1], ("snapshot", snapshot[1])
+            if (
+                snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable
+            ):  # newer than the checkpoint
+                payload, meta, resumed, chosen = (
+                    snapshot[0],
+                    {"from": "snapshot", "iteration": snapshot[1]},
+                    snapshot[1],
+                    ("snapshot", snapshot[1]),
+                )
             if chosen is not None:
                 experiment.restoring[coord] = chosen
-            log.info("cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, (meta or {}).get("from", "a checkpoint" if payload else "scratch"))
+            log.info(
+                "cell %s of %s restarts at iteration %d from %s",
+                coord,
+                experiment.id,
+                resumed,
+                (meta or {}).get("from", "a checkpoint" if payload else "scratch"),
+            )
             # The iterations it will redo are recorded again by the newcomer.
-            experiment.run.keep_metrics(lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed)
+            experiment.run.keep_metrics(
+                lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed
+            )
             experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
         rows, cols = experiment.shape_of(coord)
         message = Assign(
@@ -636,10 +720,14 @@ class Orchestrator:
         """(body, the iteration it resumes at) of the newest snapshot `coord` published, if any."""
         try:
             # Bounded: this runs under the orchestrator's lock, and a broker outage must not hold it.
-            body = await asyncio.wait_for(newest_published(self.control.channel, experiment.id, coord, self.settings.signer), BROKER_CALL_TIMEOUT)
+            body = await asyncio.wait_for(
+                newest_published(self.control.channel, experiment.id, coord, self.settings.signer), BROKER_CALL_TIMEOUT
+            )
             if body is None:
                 return None
-            header = SnapshotHeader.model_validate(frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0])
+            header = SnapshotHeader.model_validate(
+                frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0]
+            )
         except (PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError, asyncio.TimeoutError) as error:
             log.warning("newest snapshot of %s not readable (%s): the checkpoint will do", coord, error)
             return None
@@ -662,7 +750,9 @@ class Orchestrator:
 
     async def _check_cells(self, experiment: Experiment) -> None:
         ttl = experiment.config.distributed.heartbeat_ttl
-        dead = {coord: w for coord, w in experiment.cells.items() if coord not in experiment.done and self._is_dead(w, ttl)}
+        dead = {
+            coord: w for coord, w in experiment.cells.items() if coord not in experiment.done and self._is_dead(w, ttl)
+        }
         if not dead:
             return
         self.counters["failures_handled"] += len(dead)
@@ -690,13 +780,17 @@ class Orchestrator:
     async def _replace(self, experiment: Experiment, dead: dict[Coord, str], spares: list[str]) -> None:
         for (coord, worker), spare in zip(dead.items(), spares):
             experiment.cells[coord] = spare
-            experiment.failures.append({"worker": worker, "cell": str(coord), "action": "replace", "by": spare, "at": time.time()})
+            experiment.failures.append(
+                {"worker": worker, "cell": str(coord), "action": "replace", "by": spare, "at": time.time()}
+            )
             log.info("cell %s of %s: %s replaces %s from its newest checkpoint", coord, experiment.id, spare, worker)
         await self._new_epoch(experiment, experiment.topology.rows, experiment.topology.cols)
         for coord in dead:
             await self._assign(experiment, coord, experiment.cells[coord], restore=True)
 
-    def _plan_shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> tuple[dict[Coord, str], int, int, Partition | None] | str:
+    def _plan_shrink(
+        self, experiment: Experiment, dead: dict[Coord, str]
+    ) -> tuple[dict[Coord, str], int, int, Partition | None] | str:
         """(survivors placed, rows, cols of the id space, the new partition) or why the experiment fails.
 
         A plain grid is laid out again as a whole; a partitioned one only in the classes that lost
@@ -742,7 +836,9 @@ class Orchestrator:
             if partition is not None:  # the class's new sub-grid
                 grid = partition.grid_for(experiment.partition.class_of(coord))
                 shape = f"class {grid.label}: {grid.rows}x{grid.cols}"
-            experiment.failures.append({"worker": worker, "cell": str(coord), "action": "shrink", "to": shape, "at": time.time()})
+            experiment.failures.append(
+                {"worker": worker, "cell": str(coord), "action": "shrink", "to": shape, "at": time.time()}
+            )
         working = set(self._working_on(experiment)) - set(dead.values())
         # Cells that already finished keep their result, under their (possibly new) coordinate.
         result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
@@ -764,18 +860,36 @@ class Orchestrator:
         experiment.cells = placed
         experiment.partition = partition
         topology = await self._new_epoch(experiment, rows, cols)
-        log.info("experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released", experiment.id, rows, cols, topology.epoch, len(moved), len(released))
+        log.info(
+            "experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released",
+            experiment.id,
+            rows,
+            cols,
+            topology.epoch,
+            len(moved),
+            len(released),
+        )
         for coord, worker in placed.items():
             if worker in working:  # finished cells and workers on other experiments are left alone
                 self.workers[worker].coord = coord
                 shape = experiment.shape_of(coord)
-                resize = Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=shape[0], cols=shape[1], epoch=topology.epoch)
+                resize = Resize(
+                    experiment=experiment.id,
+                    worker=worker,
+                    coord=tuple(coord),
+                    rows=shape[0],
+                    cols=shape[1],
+                    epoch=topology.epoch,
+                )
                 await self.control.send(cell_address(worker), resize)
         for worker in released:
             if worker not in working:
                 continue
             self.workers[worker].free()
-            await self.control.send(cell_address(worker), Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch))
+            await self.control.send(
+                cell_address(worker),
+                Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch),
+            )
         await self._maybe_finish(experiment)
 
     async def _event(self, experiment: Experiment, kind: str, body: dict[str, Any]) -> None:
@@ -792,4 +906,3 @@ class Orchestrator:
 
     def get(self, experiment_id: str) -> Experiment | None:
         return self.experiments.get(experiment_id)
-

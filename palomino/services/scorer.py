@@ -78,7 +78,9 @@ class Scorer:
     async def handle(self, job: ScoreJob, payload: bytes) -> ScoreResult:
         log.info("scoring job %s (%s of %s)", job.job, job.target, job.experiment)
         started = time.monotonic()
-        result = ScoreResult(job=job.job, experiment=job.experiment, target=job.target, iteration=job.iteration, scorer=self.name)
+        result = ScoreResult(
+            job=job.job, experiment=job.experiment, target=job.target, iteration=job.iteration, scorer=self.name
+        )
         try:
             result.scores, result.ensemble, png = await asyncio.to_thread(score_job, job, payload)
             result.samples_png = base64.b64encode(png).decode() if png else None
@@ -89,7 +91,12 @@ class Scorer:
             log.warning("job %s cannot be scored: %s: %s", job.job, type(error).__name__, error, exc_info=True)
             result.error = f"{type(error).__name__}: {error}"
         self.scored += 1
-        log.info("job %s done in %.1f s%s", job.job, time.monotonic() - started, f" (error: {result.error})" if result.error else "")
+        log.info(
+            "job %s done in %.1f s%s",
+            job.job,
+            time.monotonic() - started,
+            f" (error: {result.error})" if result.error else "",
+        )
         return result
 
     async def run(self) -> None:

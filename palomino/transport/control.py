@@ -15,7 +15,16 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, InFlight, capped, connect, declare_dead_letters, declare_durable, describe_rejection, publish_with_retry
+from palomino.transport.rabbitmq import (
+    DEAD_EXCHANGE,
+    InFlight,
+    capped,
+    connect,
+    declare_dead_letters,
+    declare_durable,
+    describe_rejection,
+    publish_with_retry,
+)
 from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)
@@ -31,6 +40,7 @@ ORCHESTRATOR_QUEUE_CAP = (100_000, 2 * 1024**3)
 def orchestrator_address(namespace: str = "") -> str:
     """The orchestrator's routing key (and queue `palomino.<address>`) in a namespace."""
     return f"{ORCHESTRATOR}.{namespace}" if namespace else ORCHESTRATOR
+
 
 Handler = Callable[[ControlMessage, bytes], Awaitable[None]]
 
@@ -68,7 +78,9 @@ class ControlChannel:
                 arguments["x-expires"] = NAMESPACED_EXPIRY_MS
             self._queue = await declare_durable(self._connection, channel, name, arguments)
         else:  # a cell's: exclusive to its connection
-            self._queue = await channel.declare_queue(name, exclusive=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE})
+            self._queue = await channel.declare_queue(
+                name, exclusive=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE}
+            )
         await self._queue.bind(self._exchange, routing_key=self.address)
         return self
 
@@ -103,7 +115,10 @@ class ControlChannel:
         body = encode_control(message, payload)
         # Persistent: what waits in the orchestrator's durable queue survives a broker restart.
         envelope = aio_pika.Message(
-            body, type=message.kind, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=sign_headers(self.key, to, body)
+            body,
+            type=message.kind,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=sign_headers(self.key, to, body),
         )
         await publish_with_retry(self._exchange, envelope, to, self.url, self.publish_timeout)
 

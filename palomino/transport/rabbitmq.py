@@ -58,7 +58,9 @@ async def declare_last_value(channel: AbstractChannel, exchange: AbstractExchang
     return queue
 
 
-async def newest_published(channel: AbstractChannel, experiment: str, coord: Coord, key: MessageKey | None = None) -> bytes | None:
+async def newest_published(
+    channel: AbstractChannel, experiment: str, coord: Coord, key: MessageKey | None = None
+) -> bytes | None:
     """The body of the newest snapshot `coord` published (left in place), or None (torch-free).
     With `key`, one not signed with it counts as none (it would be handed on to a spare)."""
     exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
@@ -126,7 +128,12 @@ async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
 def capped(max_length: int, max_bytes: int, overflow: str = "drop-head") -> dict[str, object]:
     """Queue arguments that bound a durable queue: past the cap the oldest messages are dead-lettered
     (`drop-head`), or new ones refused to their publisher (`reject-publish`)."""
-    return {"x-dead-letter-exchange": DEAD_EXCHANGE, "x-max-length": max_length, "x-max-length-bytes": max_bytes, "x-overflow": overflow}
+    return {
+        "x-dead-letter-exchange": DEAD_EXCHANGE,
+        "x-max-length": max_length,
+        "x-max-length-bytes": max_bytes,
+        "x-overflow": overflow,
+    }
 
 
 async def declare_durable(connection: AbstractRobustConnection, channel: AbstractChannel, name: str, arguments: dict):
@@ -155,7 +162,9 @@ async def declare_dead_letters(channel: AbstractChannel) -> None:
     await dead_queue.bind(dead)
 
 
-async def publish_with_retry(exchange: AbstractExchange, message: aio_pika.Message, key: str, url: str, timeout: float) -> None:
+async def publish_with_retry(
+    exchange: AbstractExchange, message: aio_pika.Message, key: str, url: str, timeout: float
+) -> None:
     """Publish (confirmed); across a broker restart the robust connection comes back, so retry until `timeout`."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -255,7 +264,9 @@ class RabbitSnapshotBus:
             except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError)
                 raise SnapshotError(describe_rejection(error)) from None
             if snapshot.header.experiment != self.experiment:
-                raise SnapshotError(f"snapshot of experiment {snapshot.header.experiment!r}, expected {self.experiment!r}")
+                raise SnapshotError(
+                    f"snapshot of experiment {snapshot.header.experiment!r}, expected {self.experiment!r}"
+                )
             if Coord(*snapshot.header.cell) not in self._bound:
                 await message.ack()  # from a binding just removed: stale, not malformed
                 return

@@ -16,7 +16,15 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
-from palomino.transport.rabbitmq import InFlight, capped, connect, declare_dead_letters, declare_durable, describe_rejection, publish_with_retry
+from palomino.transport.rabbitmq import (
+    InFlight,
+    capped,
+    connect,
+    declare_dead_letters,
+    declare_durable,
+    describe_rejection,
+    publish_with_retry,
+)
 from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
 
 log = logging.getLogger(__name__)
@@ -31,6 +39,8 @@ RESULTS_CAP = (100_000, 1024**3)
 
 def score_queue_name(namespace: str = "", base: str = SCORE_QUEUE) -> str:
     return f"{base}.{namespace}" if namespace else base
+
+
 JobHandler = Callable[[ScoreJob, bytes], Awaitable[ScoreResult]]
 ResultHandler = Callable[[ScoreResult], Awaitable[None]]
 
@@ -65,7 +75,9 @@ class ScoreQueue:
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=1)  # one job at a time: the others stay for other scorers
         await declare_dead_letters(self._channel)
-        self._queue = await declare_durable(self._connection, self._channel, self.name, {**capped(*JOBS_CAP, "reject-publish"), **self._expiry})
+        self._queue = await declare_durable(
+            self._connection, self._channel, self.name, {**capped(*JOBS_CAP, "reject-publish"), **self._expiry}
+        )
         self._default = self._channel.default_exchange
         self._events = await self._channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
         return self
@@ -84,7 +96,10 @@ class ScoreQueue:
         body = result.model_dump_json().encode()
         key = result_key(result.experiment, self.namespace)
         message = aio_pika.Message(
-            body, content_type="application/json", type="score", delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            body,
+            content_type="application/json",
+            type="score",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers=sign_headers(self.key, key, body),
         )
         await publish_with_retry(self._events, message, key, self.url, self.publish_timeout)
@@ -121,7 +136,9 @@ class ScoreQueue:
 
     async def follow_results(self, queue_name: str, handler: ResultHandler, experiments: str = "#") -> None:
         """Deliver `score` events to `handler` through the durable queue `queue_name` (results wait there)."""
-        queue = await declare_durable(self._connection, self._channel, queue_name, {**capped(*RESULTS_CAP), **self._expiry})
+        queue = await declare_durable(
+            self._connection, self._channel, queue_name, {**capped(*RESULTS_CAP), **self._expiry}
+        )
         await queue.bind(self._events, routing_key=result_key(experiments, self.namespace))
 
         async def on_message(message: AbstractIncomingMessage) -> None:

@@ -86,7 +86,9 @@ def unpack(body: bytes, *, max_bytes: int, what: str = "message") -> tuple[dict[
     return header, payload
 
 
-def unpack_message(body: bytes, validate: Callable[[dict[str, Any]], T], *, max_bytes: int, what: str) -> tuple[T, bytes]:
+def unpack_message(
+    body: bytes, validate: Callable[[dict[str, Any]], T], *, max_bytes: int, what: str
+) -> tuple[T, bytes]:
     """`unpack`, then the header (less the framing fields) through a pydantic validator."""
     raw, payload = unpack(body, max_bytes=max_bytes, what=what)
     raw.pop("checksum", None)

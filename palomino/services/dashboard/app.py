@@ -64,7 +64,9 @@ def create_app(
 
     app = FastAPI(title=title, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
     if origins:  # same-origin by default; other pages only when named one by one
-        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET"], allow_headers=["Authorization"])
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(origins), allow_methods=["GET"], allow_headers=["Authorization"]
+        )
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):
@@ -110,7 +112,9 @@ def create_app(
         return await known(experiment)
 
     @api.get("/experiments/{experiment}/metrics")
-    async def metrics(experiment: str, since: int = Query(0, ge=0), limit: int = Query(MAX_PAGE, ge=1, le=MAX_PAGE)) -> dict[str, Any]:
+    async def metrics(
+        experiment: str, since: int = Query(0, ge=0), limit: int = Query(MAX_PAGE, ge=1, le=MAX_PAGE)
+    ) -> dict[str, Any]:
         await known(experiment)
         page = await history.metrics(experiment, since, limit)
         if page is None:
@@ -135,7 +139,9 @@ def create_app(
         await known_cell(experiment, cell)
         if iteration < 0:
             raise unprocessable("path", "iteration", "iteration: must be ≥ 0")
-        return png(await history.sample_png(experiment, cell, iteration), f"samples of cell {cell} at iteration {iteration}")
+        return png(
+            await history.sample_png(experiment, cell, iteration), f"samples of cell {cell} at iteration {iteration}"
+        )
 
     @api.get("/experiments/{experiment}/samples/real.png")
     async def real_png(experiment: str) -> Response:

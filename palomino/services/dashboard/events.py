@@ -77,8 +77,14 @@ def parse_event(body: bytes, routing_key: str | None = None) -> dict[str, Any]:
         raise MalformedEvent(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     # A namespaced stack's score results carry its namespace last (palomino.transport.score_queue).
     expected = f"exp.{event.experiment}.{event.kind}"
-    if routing_key is not None and routing_key != expected and not _NAMESPACED.fullmatch(routing_key.removeprefix(expected)):
-        raise MalformedEvent(f"routing key {routing_key!r} does not match experiment {event.experiment!r}, kind {event.kind!r}")
+    if (
+        routing_key is not None
+        and routing_key != expected
+        and not _NAMESPACED.fullmatch(routing_key.removeprefix(expected))
+    ):
+        raise MalformedEvent(
+            f"routing key {routing_key!r} does not match experiment {event.experiment!r}, kind {event.kind!r}"
+        )
     return data
 
 

@@ -43,7 +43,11 @@ class BrokerFeed:
             f"palomino.dashboard.{secrets.token_hex(4)}",
             exclusive=True,
             # A dashboard that stalls keeps only the newest events instead of growing the broker.
-            arguments={"x-dead-letter-exchange": DEAD_EXCHANGE, "x-max-length": self.backlog, "x-overflow": "drop-head"},
+            arguments={
+                "x-dead-letter-exchange": DEAD_EXCHANGE,
+                "x-max-length": self.backlog,
+                "x-overflow": "drop-head",
+            },
         )
         await queue.bind(events, routing_key="exp.#")
         await queue.consume(self._on_message)
@@ -54,7 +58,11 @@ class BrokerFeed:
             event = parse_event(message.body, message.routing_key)
         except Exception as error:  # noqa: BLE001 — MalformedEvent, or whatever else a body makes the parser raise
             self.rejected += 1
-            log.warning("dead-lettering an event (key %r): %s", message.routing_key, error if isinstance(error, MalformedEvent) else describe_rejection(error))
+            log.warning(
+                "dead-lettering an event (key %r): %s",
+                message.routing_key,
+                error if isinstance(error, MalformedEvent) else describe_rejection(error),
+            )
             await message.reject(requeue=False)
             return
         self.received += 1
@@ -66,7 +74,12 @@ class BrokerFeed:
         return self._connection is not None and not self._connection.is_closed
 
     def status(self) -> dict[str, Any]:
-        return {"url": redact(self.url), "connected": self.connected, "received": self.received, "rejected": self.rejected}
+        return {
+            "url": redact(self.url),
+            "connected": self.connected,
+            "received": self.received,
+            "rejected": self.rejected,
+        }
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -120,7 +133,9 @@ class RunsFeed:
                 events.append({"experiment": experiment, "kind": "reload"})
             elif records > told[0]:
                 new, _ = run.metrics.read(told[0], records - told[0])
-                events.extend({"experiment": experiment, "kind": "metrics", "record": r} for r in new if valid_record(r))
+                events.extend(
+                    {"experiment": experiment, "kind": "metrics", "record": r} for r in new if valid_record(r)
+                )
             if layouts > told[1]:
                 events.append({"experiment": experiment, "kind": "topology", **run.summary()})
             if state != told[2]:

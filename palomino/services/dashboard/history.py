@@ -95,7 +95,13 @@ class OrchestratorHistory:
 
     name = "orchestrator"
 
-    def __init__(self, url: str, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None, token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        token: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
@@ -104,11 +110,15 @@ class OrchestratorHistory:
         try:
             response = await self._http.get(path, params=params or None)
         except httpx.HTTPError as error:
-            raise SourceUnavailable(f"cannot reach the orchestrator at {self.url}: {error or type(error).__name__}") from None
+            raise SourceUnavailable(
+                f"cannot reach the orchestrator at {self.url}: {error or type(error).__name__}"
+            ) from None
         if response.status_code == 404:
             return None
         if response.status_code == 401:
-            raise SourceUnavailable(f"the orchestrator at {self.url} refused the dashboard (401): set PALOMINO_ORCHESTRATOR_TOKEN to its token")
+            raise SourceUnavailable(
+                f"the orchestrator at {self.url} refused the dashboard (401): set PALOMINO_ORCHESTRATOR_TOKEN to its token"
+            )
         if response.status_code >= 400:
             raise SourceUnavailable(f"the orchestrator at {self.url} answered {response.status_code} to GET {path}")
         return response
@@ -144,7 +154,9 @@ class OrchestratorHistory:
         if page is None:
             return None
         records = page.get("records", [])[:limit]
-        following = page.get("next", since + len(records)) if len(page.get("records", [])) <= limit else since + len(records)
+        following = (
+            page.get("next", since + len(records)) if len(page.get("records", [])) <= limit else since + len(records)
+        )
         return {"since": since, "next": following, "total": page.get("total", following), "records": records}
 
     async def layouts(self, experiment: str) -> list[dict[str, Any]] | None:

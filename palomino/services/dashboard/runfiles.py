@@ -159,7 +159,11 @@ class RunFiles:
                     layout = json.loads(line)
                 except ValueError:
                     continue  # a torn last line
-                if isinstance(layout, dict) and isinstance(layout.get("rows"), int) and isinstance(layout.get("cols"), int):
+                if (
+                    isinstance(layout, dict)
+                    and isinstance(layout.get("rows"), int)
+                    and isinstance(layout.get("cols"), int)
+                ):
                     layouts.append(layout)
             self._layouts = (stat.inode, stat.size, layouts)
         return self._layouts[2]

@@ -36,7 +36,9 @@ def build_app(settings: DashboardSettings) -> FastAPI:
         feeds.append(RunsFeed(folder, hub, settings.dashboard_poll_seconds))
     if settings.broker_url:
         feeds.append(BrokerFeed(settings.broker_url, hub))
-    return create_app(CombinedHistory(sources), hub, feeds=feeds, token=settings.token, origins=settings.dashboard_origins)
+    return create_app(
+        CombinedHistory(sources), hub, feeds=feeds, token=settings.token, origins=settings.dashboard_origins
+    )
 
 
 def listen(host: str, port: int, flag: str = "--port") -> socket.socket:
@@ -48,7 +50,9 @@ def listen(host: str, port: int, flag: str = "--port") -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise ConfigError(f"dashboard: {flag} {port}: cannot listen on {host}:{port} ({error.strerror}); pick another port") from None
+        raise ConfigError(
+            f"dashboard: {flag} {port}: cannot listen on {host}:{port} ({error.strerror}); pick another port"
+        ) from None
     sock.listen(128)  # from now on connections wait in the backlog until the server accepts them
     return sock
 
@@ -135,5 +139,7 @@ class BackgroundDashboard(ServerThread):
 
     def __init__(self, run_dir: Path, sock: socket.socket | int, host: str = "127.0.0.1") -> None:
         base = dashboard_settings()  # the token and allowed origins still come from the environment
-        settings = base.model_copy(update={"dashboard_runs": Path(run_dir), "orchestrator_url": None, "broker_url": None})
+        settings = base.model_copy(
+            update={"dashboard_runs": Path(run_dir), "orchestrator_url": None, "broker_url": None}
+        )
         super().__init__(build_app(settings), listen(host, sock) if isinstance(sock, int) else sock)
