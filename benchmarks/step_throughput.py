@@ -38,8 +38,9 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -335,7 +336,7 @@ def bench_network(
         "clock": clock,
     }
     if breakdown:
-        out["phases"] = {k: med(lambda g: g["phases"].get(k, 0.0)) for k in PHASE_ORDER}
+        out["phases"] = {k: med(lambda g: g["phases"].get(k, 0.0)) for k in PHASE_ORDER}  # noqa: B023 — called at once
         # Paired within a round, so load that slowed both rounds' halves alike cancels.
         hooks = {n.lstrip("_") for n in (*Probe.MODULE_HOOKS, *Probe.CELL_HOOKS, "clone")}
         out["hooks_not_called"] = sorted(hooks - probe.called)

@@ -9,7 +9,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
@@ -40,13 +40,13 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
 
 @app.command(rich_help_panel="Train and use a run")
 def train(
-    config: Optional[Path] = typer.Argument(None, help="Experiment YAML (optional with --resume)."),
+    config: Path | None = typer.Argument(None, help="Experiment YAML (optional with --resume)."),
     out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the run directory is created."),
     overrides: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."
     ),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its checkpoints."),
-    dashboard: Optional[int] = typer.Option(
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a killed run from its checkpoints."),
+    dashboard: int | None = typer.Option(
         None,
         "--dashboard",
         min=0,
@@ -153,7 +153,7 @@ def train(
         raise typer.Exit(130)
 
 
-def _dashboard_socket(port: Optional[int]):
+def _dashboard_socket(port: int | None):
     """`--dashboard PORT`: the listening socket, taken now (None without the flag)."""
     if port is None:
         return None
@@ -190,7 +190,7 @@ def sample(
     seed: int = typer.Option(
         0, "--seed", min=0, help="Seed of the latent draws (the same seed gives the same samples)."
     ),
-    label: Optional[int] = typer.Option(
+    label: int | None = typer.Option(
         None,
         "--class",
         help="Draw from this class only (conditional or partitioned runs); else classes follow the priors.",
@@ -224,7 +224,7 @@ def sample(
 
 
 def _settings(
-    broker: Optional[str] = None, redis: Optional[str] = None, orchestrator: Optional[str] = None, client: bool = False
+    broker: str | None = None, redis: str | None = None, orchestrator: str | None = None, client: bool = False
 ):
     """The services' settings (flags over PALOMINO_* variables); a bad variable, or a broker or Redis
     password left at an example's placeholder, exits 2 naming it."""
@@ -251,14 +251,14 @@ def _settings(
         raise _fail(ConfigError(str(error))) from None
 
 
-def _client(orchestrator: Optional[str]):
+def _client(orchestrator: str | None):
     from palomino.services.client import OrchestratorClient
 
     settings = _settings(orchestrator=orchestrator, client=True)
     return OrchestratorClient(settings.orchestrator_url, token=settings.token)
 
 
-def _device(value: Optional[str]) -> Optional[str]:
+def _device(value: str | None) -> str | None:
     if value is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", value):
         raise typer.BadParameter(f"{value!r}: use cpu, cuda or cuda:N")
     return value
@@ -279,12 +279,12 @@ ORCH = typer.Option(
 
 @app.command(rich_help_panel="Services")
 def cell(
-    broker: Optional[str] = BROKER,
-    redis: Optional[str] = REDIS,
+    broker: str | None = BROKER,
+    redis: str | None = REDIS,
     device: str = typer.Option(
         "cpu", "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where this worker trains."
     ),
-    worker_id: Optional[str] = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
+    worker_id: str | None = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
 ) -> None:
     """A cell worker: registers, heartbeats, trains the cell it is assigned."""
     from palomino.services.cell import CellWorker
@@ -320,8 +320,8 @@ def _serve(service: Any) -> None:
 
 @app.command(rich_help_panel="Services")
 def orchestrator(
-    broker: Optional[str] = BROKER,
-    redis: Optional[str] = REDIS,
+    broker: str | None = BROKER,
+    redis: str | None = REDIS,
     runs: Path = typer.Option(Path("runs"), "--runs", help="Where run directories are written."),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to serve on; anything but loopback needs PALOMINO_ORCHESTRATOR_TOKEN."
@@ -360,7 +360,7 @@ def submit(
     overrides: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."
     ),
-    orchestrator: Optional[str] = ORCH,
+    orchestrator: str | None = ORCH,
 ) -> None:
     """Submit an experiment to the orchestrator; prints its id."""
     try:
@@ -373,8 +373,8 @@ def submit(
 @app.command(rich_help_panel="Orchestrator clients")
 def wait(
     experiment: str = typer.Argument(...),
-    orchestrator: Optional[str] = ORCH,
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds; default: no limit."),
+    orchestrator: str | None = ORCH,
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds; default: no limit."),
 ) -> None:
     """Block until the experiment ends; prints its run directory (exit 1 unless it finished)."""
     try:
@@ -389,7 +389,7 @@ def wait(
 
 
 @app.command(rich_help_panel="Orchestrator clients")
-def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = ORCH) -> None:
+def status(experiment: str = typer.Argument(...), orchestrator: str | None = ORCH) -> None:
     """Print an experiment's state, layout and liveness as JSON."""
     import json
 
@@ -403,7 +403,7 @@ def status(experiment: str = typer.Argument(...), orchestrator: Optional[str] = 
 @app.command(rich_help_panel="Orchestrator clients")
 def delete(
     experiment: str = typer.Argument(..., help="The experiment's id (from `submit`)."),
-    orchestrator: Optional[str] = ORCH,
+    orchestrator: str | None = ORCH,
 ) -> None:
     """Stop an experiment (its cells checkpoint and stop); prints its summary as JSON. The run directory stays."""
     import json
@@ -424,8 +424,8 @@ def up(
     overrides: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Override a key: --set training.iterations=20 (repeatable)."
     ),
-    broker: Optional[str] = BROKER,
-    redis: Optional[str] = REDIS,
+    broker: str | None = BROKER,
+    redis: str | None = REDIS,
     port: int = typer.Option(0, "--port", help="Orchestrator port; 0 picks a free one."),
     scorers: int = typer.Option(
         1, "--scorers", min=0, help="Scorer processes; the final mixtures' scores go to scores.json."
@@ -447,7 +447,7 @@ def up(
 
 @app.command(rich_help_panel="Services")
 def scorer(
-    broker: Optional[str] = BROKER, name: Optional[str] = typer.Option(None, "--name", help="Default: host-pid.")
+    broker: str | None = BROKER, name: str | None = typer.Option(None, "--name", help="Default: host-pid.")
 ) -> None:
     """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
     from palomino.services.scorer import Scorer
@@ -457,13 +457,13 @@ def scorer(
 
 @app.command(rich_help_panel="Services")
 def dashboard(
-    orchestrator: Optional[str] = typer.Option(
+    orchestrator: str | None = typer.Option(
         None, "--orchestrator", help="Orchestrator URL for history and liveness (else PALOMINO_ORCHESTRATOR_URL)."
     ),
-    broker: Optional[str] = typer.Option(
+    broker: str | None = typer.Option(
         None, "--broker", help="RabbitMQ URL for live events (else PALOMINO_BROKER_URL)."
     ),
-    runs: Optional[Path] = typer.Option(
+    runs: Path | None = typer.Option(
         None,
         "--runs",
         help="Folder of run directories (else PALOMINO_DASHBOARD_RUNS; default ./runs without --orchestrator).",
@@ -488,39 +488,39 @@ def dashboard(
 @app.command(rich_help_panel="Train and use a run")
 def score(
     run_dir: Path = typer.Argument(..., help="A finished run directory."),
-    metrics: Optional[str] = typer.Option(
+    metrics: str | None = typer.Option(
         None,
         "--metrics",
         help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points).",
     ),
-    samples: Optional[int] = typer.Option(
+    samples: int | None = typer.Option(
         None, "--samples", help="Generated samples per mixture (default 10,000 images / 2,500 points)."
     ),
-    extractor: Optional[Literal["classifier", "inception"]] = typer.Option(
+    extractor: Literal["classifier", "inception"] | None = typer.Option(
         None, "--extractor", help="Feature extractor (default: classifier)."
     ),
-    classifier: Optional[Path] = typer.Option(
+    classifier: Path | None = typer.Option(
         None, "--classifier", help="File of `palomino classifier train` (else PALOMINO_CLASSIFIER)."
     ),
-    inception_weights: Optional[Path] = typer.Option(
+    inception_weights: Path | None = typer.Option(
         None, "--inception-weights", help="torch-fidelity's Inception-v3 weights (else PALOMINO_INCEPTION_WEIGHTS)."
     ),
-    cache_dir: Optional[Path] = typer.Option(
+    cache_dir: Path | None = typer.Option(
         None, "--cache-dir", help="Real-statistics cache (else PALOMINO_CACHE_DIR, else ~/.cache/palomino)."
     ),
-    real_samples: Optional[int] = typer.Option(
+    real_samples: int | None = typer.Option(
         None, "--real-samples", help="Real images behind the real statistics (default 10,000; 0 = all)."
     ),
-    data_dir: Optional[Path] = typer.Option(
+    data_dir: Path | None = typer.Option(
         None, "--data-dir", help="Where the run's real data is, if not where its config says."
     ),
-    workers: Optional[int] = typer.Option(
+    workers: int | None = typer.Option(
         None, "--workers", min=1, help="Parallel scoring processes (default: one per core)."
     ),
-    seed: Optional[int] = typer.Option(
+    seed: int | None = typer.Option(
         None, "--seed", min=0, help="Seed of the generated and real samples (default: the run's seed)."
     ),
-    device: Optional[str] = typer.Option(
+    device: str | None = typer.Option(
         None, "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where to run the extractor."
     ),
 ) -> None:
@@ -567,10 +567,10 @@ def classifier_train(
         ..., "--data", help="A labelled image dataset."
     ),
     out: Path = typer.Option(..., "--out", help="FILE.safetensors (metadata beside it in FILE.json)."),
-    data_dir: Optional[Path] = typer.Option(
+    data_dir: Path | None = typer.Option(
         None, "--data-dir", help="Where the dataset's files are (default: its usual places)."
     ),
-    epochs: Optional[int] = typer.Option(
+    epochs: int | None = typer.Option(
         None, "--epochs", min=1, help="Default: about 150,000 images' worth, 5 to 30 epochs."
     ),
     holdout: int = typer.Option(2000, "--holdout", min=1, help="Test images held out when only one split is present."),
@@ -620,7 +620,7 @@ def classifier_train(
 VERBOSE = ("-v", "--verbose")
 
 
-def run(argv: Optional[list[str]] = None) -> None:  # console-script entry point
+def run(argv: list[str] | None = None) -> None:  # console-script entry point
     # -v is the callback's option, which click takes only before the command: move it there, so
     # `palomino train x.yaml -v` works too.
     args = list(sys.argv[1:] if argv is None else argv)

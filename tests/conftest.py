@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -97,7 +98,9 @@ def cli_command(*args: str | Path) -> list[str]:
 
 def palomino(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real command line to completion (stdout and stderr captured as text)."""
-    return subprocess.run(cli_command(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cli_command(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def start_palomino(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:

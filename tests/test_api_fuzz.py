@@ -9,16 +9,16 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 import schemathesis
+from conftest import cli_command, cli_env, palomino, tiny, write_yaml
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from conftest import cli_command, cli_env, palomino, tiny, write_yaml
 from palomino.services.client import OrchestratorClient
 from palomino.services.local import free_port, stop_processes
 

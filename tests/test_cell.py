@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny
+
 from palomino.coevolution import Cell, IterationReport
 from palomino.coevolution.individual import Individual, make_adam
 from palomino.config import ExperimentConfig, parse_config
@@ -280,7 +280,7 @@ def test_population_of_two(ring: Dataset, replacements: int) -> None:
     cell = make_cell(cfg, ring)
     cell.iterate({})
     assert len(cell.generators) == 2 and len(cell.discriminators) == 2
-    tensors, meta = cell.state()
+    _tensors, meta = cell.state()
     assert set(meta["individuals"]) == {"generator.0", "generator.1", "discriminator.0", "discriminator.1"}
     assert cell.generators.best.fitness == min(g.fitness for g in cell.generators)
 
@@ -309,7 +309,7 @@ def test_mixed_losses(ring: Dataset) -> None:
 def test_moore_neighbourhood(ring: Dataset) -> None:
     cfg = config(grid={"rows": 3, "cols": 3, "neighbourhood": "moore"}, training={"batches_per_iteration": 1})
     records = run_grid(cfg, ring, iterations=1)
-    for coord, rs in records.items():
+    for _coord, rs in records.items():
         assert len(rs[0]["mixture"]) == 9 and len(rs[0]["neighbours"]) == 8
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from palomino.config import DataConfig
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring import ScoringContext, ScoringOptions
@@ -96,7 +96,7 @@ def test_saved_classifier_loads_to_the_same_predictions_and_refuses_tampering(tm
 def test_images_of_any_size_and_channels_are_adapted_to_the_classifier() -> None:
     colour = torch.rand(4, 3, 64, 64)
     grey = adapt_images(colour, (1, 28, 28))
-    assert grey.shape == (4, 1, 28, 28) and 0 <= float(grey.min()) and float(grey.max()) <= 1
+    assert grey.shape == (4, 1, 28, 28) and float(grey.min()) >= 0 and float(grey.max()) <= 1
     assert adapt_images(torch.rand(2, 1, 32, 32), (3, 32, 32)).shape == (2, 3, 32, 32)
     same = torch.rand(2, 1, 28, 28)
     assert torch.equal(adapt_images(same, (1, 28, 28)), same)

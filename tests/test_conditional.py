@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import merge, tiny
 from torch import nn
 
-from conftest import merge, tiny
 from palomino.coevolution import Cell
 from palomino.config import parse_config
 from palomino.data import class_priors, load_dataset

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import palomino, tiny, write_yaml
+
 from palomino.config import ExperimentConfig, apply_overrides, dump_config, load_config, parse_config
 from palomino.errors import ConfigError
 
@@ -139,6 +139,14 @@ def test_override_into_a_value_is_an_error() -> None:
         ({"seed": -1}, "seed"),
         ({"colour": "blue"}, "colour"),
         ({"training": {"population_size": 1, "replacements": 2}}, "training"),
+        # Upper bounds (issue 13): each of these was accepted and took the worker down or hung it.
+        ({"training": {"iterations": 10**12}}, "training.iterations"),
+        ({"training": {"batch_size": 10**7}}, "training.batch_size"),
+        ({"training": {"population_size": 10_000}}, "training.population_size"),
+        ({"data": {"name": "image_folder", "dir": "x", "image_size": 4096}}, "data.image_size"),
+        ({"distributed": {"heartbeat_ttl": 0.001}}, "distributed.heartbeat_ttl"),
+        ({"grid": {"rows": 5000}}, "grid.rows"),
+        ({"network": {"hidden": 10**6}}, "network.hidden"),
     ],
 )
 def test_invalid_config_names_the_field(raw: dict[str, Any], field: str) -> None:

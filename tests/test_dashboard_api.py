@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import REPO, cli_env, last_line, palomino, tiny, write_yaml
+
 from palomino.errors import ConfigError
 from palomino.services.dashboard import create_app, dashboard_settings
 from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event
@@ -72,7 +72,7 @@ async def test_experiments_summary_metrics_and_topology(finished_run: Path) -> N
         assert paged == everything["records"]
 
         layouts = (await client.get(f"/api/experiments/{experiment}/topology")).json()["layouts"]
-        assert [(l["epoch"], l["rows"], l["cols"]) for l in layouts] == [(0, 2, 2)]
+        assert [(line["epoch"], line["rows"], line["cols"]) for line in layouts] == [(0, 2, 2)]
 
 
 async def test_samples_real_and_result(finished_run: Path) -> None:
@@ -227,7 +227,7 @@ async def test_the_orchestrator_serves_its_run_directories_read_only(finished_ru
     transport = httpx.ASGITransport(app=orchestrator_app_holding(finished_run))
     async with httpx.AsyncClient(transport=transport, base_url="http://orchestrator") as client:
         layouts = (await client.get(f"/experiments/{experiment}/topology")).json()["layouts"]
-        assert [(l["rows"], l["cols"]) for l in layouts] == [(2, 2)]
+        assert [(line["rows"], line["cols"]) for line in layouts] == [(2, 2)]
         assert (await client.get(f"/experiments/{experiment}/cells/0-1/samples")).json()["iterations"] == [1, 2, 3]
         picture = await client.get(f"/experiments/{experiment}/cells/0-1/samples/2.png")
         assert picture.content == (finished_run / "samples" / "0-1" / "iter-2.png").read_bytes()
@@ -335,7 +335,9 @@ async def test_a_stream_that_falls_behind_is_told_to_resync() -> None:
 
 def test_the_dashboard_imports_no_torch() -> None:
     code = "import sys, palomino.services.dashboard, palomino.services.api; print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=REPO, check=False
+    )
     assert done.stdout.strip() == "False", done.stderr
 
 

@@ -10,14 +10,15 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aio_pika
 import httpx
 import pytest
-
 from conftest import cli_command, cli_env, tiny, write_yaml
+
 from palomino.config import parse_config
 from palomino.grid import Topology
 from palomino.runs.directory import RunDirectory
@@ -161,7 +162,7 @@ async def test_run_directories_being_written_reach_the_stream(dashboard) -> None
 
 
 async def test_the_list_stream_follows_every_experiment_without_metrics(dashboard) -> None:
-    server, runs = dashboard
+    server, _runs = dashboard
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         async with client.stream("GET", "/api/events") as response:
             stream = await opened(response)

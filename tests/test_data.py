@@ -18,9 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-
-from palomino.data import DATASET_NAMES, Dataset, load_dataset, read_idx
-from palomino.data import cifar, fetch, idx
+from palomino.data import DATASET_NAMES, Dataset, cifar, fetch, idx, load_dataset, read_idx
 from palomino.errors import DatasetError
 
 SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mnist"

@@ -34,13 +34,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-
 from conftest import REPO, cli_env
 
 COMPOSE = REPO / "docker-compose.yml"
@@ -71,7 +71,12 @@ def compose_config(tmp_path: Path, env: dict[str, str], *profiles: str) -> dict[
     args = [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file)]
     args += [arg for profile in profiles for arg in ("--profile", profile)]
     done = subprocess.run(
-        [*args, "config"], capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]}
+        [*args, "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
@@ -156,6 +161,7 @@ def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
         text=True,
         timeout=60,
         env={"PATH": os.environ["PATH"]},
+        check=False,
     )
     assert done.returncode != 0
     assert "RABBITMQ_USER" in done.stderr and ".env.example" in done.stderr
@@ -176,6 +182,7 @@ def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
         text=True,
         timeout=60,
         env={"PATH": os.environ["PATH"]},
+        check=False,
     )
     assert done.returncode != 0 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr
     without_key = {k: v for k, v in example_env().items() if k != "PALOMINO_MESSAGE_KEY"}
@@ -195,6 +202,7 @@ def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
         text=True,
         timeout=60,
         env={"PATH": os.environ["PATH"]},
+        check=False,
     )
     assert done.returncode != 0 and "PALOMINO_MESSAGE_KEY" in done.stderr
 
@@ -211,6 +219,7 @@ def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> Non
             capture_output=True,
             text=True,
             timeout=120,
+            check=False,
         )
         assert done.returncode == 2 and what in done.stderr and "placeholder" in done.stderr, done.stderr
         assert "change-me-orchestrator-token" not in done.stderr  # never echoed
@@ -224,6 +233,7 @@ def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> Non
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert done.returncode == 2 and "PALOMINO_MESSAGE_KEY" in done.stderr and "placeholder" in done.stderr, done.stderr
     env |= {"PALOMINO_MESSAGE_KEY": secrets.token_hex(16)}
@@ -236,6 +246,7 @@ def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> Non
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert done.returncode == 2 and "PALOMINO_BROKER_URL" in done.stderr and "placeholder" in done.stderr, done.stderr
     assert "change-me-rabbitmq-password" not in done.stderr
@@ -322,7 +333,9 @@ class LocalStack:
         test = self.services[name]["healthcheck"]["test"]
         assert test[0] == "CMD", f"{name}: healthcheck {test}"
         return (
-            subprocess.run(self.argv(name, test[1:]), env=self.env(name), capture_output=True, timeout=30).returncode
+            subprocess.run(
+                self.argv(name, test[1:]), env=self.env(name), capture_output=True, timeout=30, check=False
+            ).returncode
             == 0
         )
 
@@ -347,7 +360,7 @@ class LocalStack:
             for name in ready:
                 for dependency, rule in self.services[name].get("depends_on", {}).items():
                     assert rule["condition"] == "service_healthy", f"{name} → {dependency}: {rule}"
-                    self.wait_until(lambda: self.healthy(dependency), f"{dependency} to be healthy")
+                    self.wait_until(lambda: self.healthy(dependency), f"{dependency} to be healthy")  # noqa: B023 — waited for here
                 if name not in INFRASTRUCTURE:
                     for replica in range(int(self.services[name].get("deploy", {}).get("replicas", 1))):
                         self.start(name, replica)
@@ -381,7 +394,7 @@ def vhost():
     ctl = shutil.which("rabbitmqctl")
     made = (
         ctl is not None
-        and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60).returncode == 0
+        and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60, check=False).returncode == 0
     )
     if not made:  # not allowed to manage the broker: share "/" as the other distributed tests do
         yield ""
@@ -393,7 +406,7 @@ def vhost():
         timeout=60,
     )
     yield name
-    subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60)
+    subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60, check=False)
 
 
 @pytest.mark.slow
@@ -478,6 +491,7 @@ def test_compose_submit_names_the_missing_dataset_before_submitting(tmp_path: Pa
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert done.returncode == 1, done.stderr
     assert "error: mnist train split not found" in done.stderr, done.stderr
@@ -1055,8 +1069,10 @@ def test_every_platform_runs_the_compose_commands(tmp_path: Path, chart: Rendere
 
 
 def test_slurm_script_passes_bash_n_and_shellcheck() -> None:
-    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True).returncode == 0
-    done = subprocess.run([tool("shellcheck"), "--shell=bash", str(SBATCH)], capture_output=True, text=True)
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, check=False).returncode == 0
+    done = subprocess.run(
+        [tool("shellcheck"), "--shell=bash", str(SBATCH)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     text = SBATCH.read_text()
     assert re.search(r"^#SBATCH --nodes=", text, re.M) and "srun " in text
@@ -1070,7 +1086,9 @@ def test_slurm_script_names_what_is_missing(tmp_path: Path) -> None:
         "SLURM_JOB_ID": "42",
         "PALOMINO_SIF": str(tmp_path / "none.sif"),
     }
-    done = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=False
+    )
     assert done.returncode == 2 and "no Palomino image at" in done.stderr and "PALOMINO_SIF" in done.stderr
     (tmp_path / "palomino.sif").write_bytes(b"")
     done = subprocess.run(
@@ -1080,6 +1098,7 @@ def test_slurm_script_names_what_is_missing(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=30,
+        check=False,
     )
     assert done.returncode == 2 and "PALOMINO_DEVICE=tpu" in done.stderr
 

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load, save
 from torch import nn
 
-
 from palomino.errors import ConfigError
 from palomino.nn import LOSS_NAMES, build_discriminator, build_generator, get_loss
 
@@ -63,7 +62,7 @@ def test_build_is_deterministic_under_seed() -> None:
 def test_dcgan_init() -> None:
     G, D = build("dcgan", (3, 64, 64), seed=1)
     conv = [m for m in D.modules() if isinstance(m, nn.Conv2d)][1]
-    bn = [m for m in G.modules() if isinstance(m, nn.BatchNorm2d)][0]
+    bn = next(m for m in G.modules() if isinstance(m, nn.BatchNorm2d))
     assert abs(conv.weight.std().item() - 0.02) < 0.002
     assert abs(bn.weight.mean().item() - 1) < 0.01 and bn.weight.std().item() < 0.05
 

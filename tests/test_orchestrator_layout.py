@@ -212,7 +212,7 @@ def test_an_experiment_is_re_adopted_from_what_it_saved(tmp_path: Path) -> None:
     from palomino.runs.result import CellResult
     from palomino.services.experiment_store import read_states, write_collected
 
-    orchestrator, experiment = running_2x2(tmp_path)
+    _orchestrator, experiment = running_2x2(tmp_path)
     experiment.partition = partition_grid([0, 1], (1, 2))
     experiment.failures.append({"worker": "w9", "cell": "1-1", "action": "replace", "by": "w3", "at": 1.0})
     experiment.history_since[Coord(1, 1)] = 1

@@ -12,19 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import last_line, palomino, tiny, write_yaml
+from test_conditional import MNIST_DIR, mnist_classifier
+
 from palomino.coevolution import Cell
 from palomino.config import dump_config, load_config, parse_config
 from palomino.config.models import LABEL_COUNTS
-from palomino.data import class_counts, class_priors, class_subset, label_count, load_dataset, select_classes
+from palomino.data import class_counts, class_subset, label_count, load_dataset, select_classes
 from palomino.errors import ConfigError, DatasetError, PalominoError
-from palomino.grid import ClassGrid, Coord, Topology, class_grid_at, class_rectangle, partition_grid
+from palomino.grid import Coord, Topology, class_grid_at, class_rectangle, partition_grid
 from palomino.nn.mlp import MLPDiscriminator
 from palomino.runs import Mixture, RunDirectory
 from palomino.runs.mixture import ClassMixture
 from palomino.runs.result import CellResult, write_class_result, write_result
-from test_conditional import MNIST_DIR, mnist_classifier
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 

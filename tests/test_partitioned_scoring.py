@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, last_line, palomino, tiny, write_yaml
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import REPO, last_line, palomino, tiny, write_yaml
 from palomino.config import DataConfig, load_config
 from palomino.data import class_counts, load_dataset
 from palomino.errors import DatasetError, PalominoError

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny
+
 from palomino.coevolution import Cell
 from palomino.coevolution.ensemble import FrechetScore, frechet_distance, greedy_forward, optimise_ensemble
 from palomino.coevolution.mixture import MixtureScore

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import aio_pika
 import pytest
+from conftest import cli_command, cli_env, last_line, palomino, tiny, write_yaml
 
 from palomino.services.local import stop_processes
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire.score import ScoreJob, ScoreResult
-from conftest import cli_command, cli_env, last_line, palomino, tiny, write_yaml
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 NAMESPACE = f"test-scorer-{uuid.uuid4().hex[:6]}"  # its own score queue: no other stack's scorer takes these jobs

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, last_line, palomino, tiny, write_yaml
 from torch import nn
 
-from conftest import REPO, last_line, palomino, tiny, write_yaml
 from palomino.config import DataConfig
 from palomino.data import load_dataset
 from palomino.errors import ConfigError, PalominoError
@@ -312,7 +312,7 @@ def test_the_classifier_trains_on_the_shared_mnist_copy_and_beats_95_percent(mni
     assert meta["accuracy"] > 0.95, meta
     assert meta["dataset"] == "mnist" and meta["image_shape"] == [1, 28, 28] and len(meta["classes"]) == 10
     assert meta["train_size"] == 4000 and meta["test_size"] == 1000 and meta["epochs"] == 4
-    assert "only the test split is here: 8000 of its images for training, 2000 for testing" == meta["split"]
+    assert meta["split"] == "only the test split is here: 8000 of its images for training, 2000 for testing"
 
 
 @needs_mnist

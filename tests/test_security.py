@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import palomino, tiny
 from fastapi.testclient import TestClient
 
-from conftest import palomino, tiny
 from palomino.services.api import MAX_CONFIG_BYTES, create_app
 from palomino.services.settings import ServiceSettings
 
@@ -148,10 +148,10 @@ def test_metrics_exposes_the_orchestrators_counters_as_counters(orchestrator: Te
 
 
 def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> None:
-    import socket
     import subprocess
 
     from conftest import cli_command, cli_env
+
     from palomino.services.client import OrchestratorClient
     from palomino.services.local import free_port, stop_processes
 
@@ -167,10 +167,10 @@ def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> Non
             time.sleep(0.3)
         experiment = client.submit(yaml.safe_dump(tiny()))["id"]
         done = subprocess.run(cli_command("delete", experiment, "--orchestrator", f"http://127.0.0.1:{port}"), env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert done.returncode == 0 and '"state": "stopped"' in done.stdout, done.stderr
         refused = subprocess.run(cli_command("delete", experiment, "--orchestrator", f"http://127.0.0.1:{port}"),
-                                 env={k: v for k, v in env.items() if k != "PALOMINO_ORCHESTRATOR_TOKEN"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+                                 env={k: v for k, v in env.items() if k != "PALOMINO_ORCHESTRATOR_TOKEN"}, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert refused.returncode == 1 and "401" in refused.stderr and "PALOMINO_ORCHESTRATOR_TOKEN" in refused.stderr
     finally:
         stop_processes([process])
@@ -184,8 +184,8 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
     import subprocess
 
     import httpx
-
     from conftest import cli_command, cli_env, raw_publish, write_yaml
+
     from palomino.grid import Coord
     from palomino.services.local import free_port, stop_processes
     from palomino.transport.control import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
@@ -274,3 +274,26 @@ def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(
     assert (
         orchestrator.post("/experiments", content=body(data={"name": "cifar10"}), headers=auth()).status_code == 201
     )  # 1.1 GiB: fits
+
+
+async def test_an_experiments_heartbeat_ttl_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker that once ran an experiment with heartbeat_ttl 0.001 stayed invisible to every later one.
+    from palomino.services.cell import IDLE_TTL, CellWorker
+    from palomino.services.settings import ServiceSettings
+    from palomino.wire.control import Assign
+
+    worker = CellWorker(ServiceSettings(), "w-ttl")
+    seen: list[float] = []
+
+    async def run_assignment(assign: Assign, payload: bytes) -> None:
+        worker._ttl = 1.0  # what an assignment sets: its experiment's TTL
+        seen.append(worker._ttl)
+
+    async def report(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the assignment did not fail")
+
+    monkeypatch.setattr(worker, "_run_assignment", run_assignment)
+    monkeypatch.setattr(worker, "_report_failure", report)
+    assign = Assign(experiment="e", worker="w-ttl", config={}, coord=(0, 0), rows=1, cols=1, epoch=0)
+    await worker._train(assign, b"")
+    assert seen == [1.0] and worker._ttl == IDLE_TTL and not worker._busy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -18,7 +19,7 @@ Z = 5.0  # statistical tolerance in standard errors: a false failure is ~1e-6 li
 
 def test_tournament_of_the_whole_population_returns_the_global_best() -> None:
     rng = np.random.default_rng(0)
-    for trial in range(50):
+    for _trial in range(50):
         n = int(rng.integers(1, 12))
         fitness = rng.normal(size=n).tolist()
         names = [f"ind{i}" for i in range(n)]
@@ -70,7 +71,7 @@ def test_better_individuals_are_selected_more_often() -> None:
     winners = tournament_select(list(range(n)), fitness, count=draws, size=2, rng=rng)
     counts = np.bincount(winners, minlength=n)
     by_fitness = [counts[i] for i in sorted(range(n), key=lambda i: fitness[i])]
-    assert all(a > b for a, b in zip(by_fitness, by_fitness[1:])), by_fitness
+    assert all(a > b for a, b in itertools.pairwise(by_fitness)), by_fitness
 
 
 def test_tournament_is_reproducible_from_its_rng() -> None:

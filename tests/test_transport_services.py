@@ -9,8 +9,8 @@ import struct
 
 import pytest
 import torch
-
 from conftest import raw_publish
+
 from palomino.errors import TransportError
 from palomino.grid import Coord
 from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key

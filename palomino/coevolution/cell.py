@@ -7,8 +7,9 @@ No sockets, files or clocks here; runners measure time and move snapshots.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch

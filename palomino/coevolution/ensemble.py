@@ -11,8 +11,9 @@ measured on the other half and on other generated samples, so it is not the one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch

@@ -3,7 +3,8 @@ that decide how much of the neighbourhood a cell lets in (migration, margin, rep
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Literal, TypeVar
 
 import numpy as np
 

@@ -1,5 +1,6 @@
 """An experiment's configuration: YAML validated once, at the boundary, by pydantic."""
 
+from palomino.config.loading import apply_overrides, dump_config, load_config, parse_config
 from palomino.config.models import (
     DataConfig,
     DistributedConfig,
@@ -11,7 +12,6 @@ from palomino.config.models import (
     NetworkConfig,
     TrainingConfig,
 )
-from palomino.config.loading import apply_overrides, dump_config, load_config, parse_config
 
 __all__ = [
     "DataConfig",

@@ -7,7 +7,8 @@ dataset's name.
 from __future__ import annotations
 
 import copy as _copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from palomino.data.cifar import load_cifar10
 from palomino.data.classes import class_counts, class_priors, class_subset, diet, label_count, select_classes

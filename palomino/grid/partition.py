@@ -12,8 +12,9 @@ so a cell cannot tell whether it is on a plain grid or on a class's sub-grid. Pu
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import Literal
 
 from palomino.grid.topology import Coord, Topology
 

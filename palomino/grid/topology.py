@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 _OFFSETS = {
     # Order matters: it fixes the order of a neighbourhood, hence of fitness tables and mixtures.

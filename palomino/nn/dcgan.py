@@ -10,6 +10,8 @@ two maps is a stride-2 4×4 (transposed) convolution, which doubles (halves) the
 
 from __future__ import annotations
 
+import itertools
+
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
 
@@ -44,7 +46,7 @@ class DCGANGenerator(nn.Module):
         self.first_shape = (chans[0], side, side)
         self.project = nn.Linear(latent_dim, chans[0] * side * side)
         layers: list[nn.Module] = [nn.BatchNorm2d(chans[0]), nn.ReLU()]
-        for c_in, c_out in zip(chans, chans[1:]):
+        for c_in, c_out in itertools.pairwise(chans):
             layers += [nn.ConvTranspose2d(c_in, c_out, 4, 2, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
         layers += [nn.ConvTranspose2d(chans[-1], channels, 4, 2, 1), nn.Tanh()]
         self.net = nn.Sequential(*layers)
@@ -66,7 +68,7 @@ class DCGANDiscriminator(nn.Module):
         side, mults = SIZES[size]
         chans = [m * width for m in reversed(mults)]  # largest map first
         layers: list[nn.Module] = [nn.Conv2d(channels, chans[0], 4, 2, 1), nn.LeakyReLU(0.2)]
-        for c_in, c_out in zip(chans, chans[1:]):
+        for c_in, c_out in itertools.pairwise(chans):
             # No BN on the first layer (DCGAN), none at all under spectral norm (SNGAN).
             norm = nn.Identity() if spectral else nn.BatchNorm2d(c_out)
             layers += [nn.Conv2d(c_in, c_out, 4, 2, 1, bias=spectral), norm, nn.LeakyReLU(0.2)]

@@ -9,7 +9,7 @@ BCE: −log σ(x) = softplus(−x), −log(1 − σ(x)) = softplus(x)). Every lo
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

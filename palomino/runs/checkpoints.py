@@ -14,9 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported lazily: the orchestrator stores checkpoints as bytes, torch-free
     import torch
@@ -110,7 +108,7 @@ def decode_tensors(payload: bytes, where: object = "checkpoint") -> dict[str, to
 
     try:
         return load(payload)
-    except Exception as error:  # safetensors raises several types on corrupt input
+    except Exception as error:  # noqa: BLE001 — safetensors raises several types on corrupt input
         raise ValueError(f"{where}: tensors are not valid safetensors ({error})") from None
 
 

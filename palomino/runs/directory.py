@@ -6,13 +6,14 @@
 from __future__ import annotations
 
 import json
-import os
 import logging
 import math
+import os
 import secrets
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from palomino.config import ExperimentConfig, dump_config, load_config
 from palomino.errors import ConfigError
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def new_experiment_id(name: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 

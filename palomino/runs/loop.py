@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from palomino.coevolution import Cell
 from palomino.errors import PalominoError

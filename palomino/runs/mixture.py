@@ -7,9 +7,10 @@ run's result is a `ClassMixture`: p(x) = Σ_c p(c) p(x | c), one `Mixture` per c
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

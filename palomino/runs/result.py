@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from palomino.runs.checkpoints import atomic_write
 from palomino.runs.directory import RunDirectory
 
 if TYPE_CHECKING:
-    from palomino.config import ExperimentConfig
     from palomino.coevolution import Cell
+    from palomino.config import ExperimentConfig
     from palomino.data import Dataset
-    from palomino.runs.mixture import Mixture
     from palomino.grid import Coord
+    from palomino.runs.mixture import Mixture
     from palomino.wire import Snapshot
 
 FINAL_SCORE_SAMPLES = 2000

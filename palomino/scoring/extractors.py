@@ -86,7 +86,7 @@ class FidelityInception(FeatureExtractor):
         super().__init__()
         try:
             from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-        except Exception as error:  # ImportError, or torchvision failing to import beneath it
+        except Exception as error:  # noqa: BLE001 — ImportError, or torchvision failing to import beneath it
             raise PalominoError(
                 f"--extractor inception with --inception-weights needs torch-fidelity, which does not import here ({error}); "
                 "install it with: pip install 'palomino[vision]', or score with --extractor classifier"
@@ -118,7 +118,7 @@ class TorchvisionInception(FeatureExtractor):
         super().__init__()
         try:
             from torchvision.models import inception_v3
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 — torchvision fails in several ways with a CPU-only torch
             raise PalominoError(
                 f"--extractor inception from torchvision's cache needs torchvision, which does not import here ({error}); "
                 f"give torch-fidelity weights with --inception-weights FILE (or {INCEPTION_ENV}), or use --extractor classifier"

@@ -8,7 +8,8 @@ cached real features are loaded into FID's and KID's real state (`reset_real_fea
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn

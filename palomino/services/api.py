@@ -15,10 +15,10 @@ from prometheus_client.core import CounterMetricFamily
 from palomino.config import ExperimentConfig, parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.config.footprint import check_data_memory
-from palomino.services.auth import bearer_guard
-from palomino.services.http import unprocessable
-from palomino.services.dashboard.runfiles import RunFiles, valid_cell
 from palomino.errors import ConfigError
+from palomino.services.auth import bearer_guard
+from palomino.services.dashboard.runfiles import RunFiles, valid_cell
+from palomino.services.http import unprocessable
 from palomino.services.orchestrator import Orchestrator, TooBusy
 from palomino.services.settings import ServiceSettings
 

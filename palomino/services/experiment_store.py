@@ -13,8 +13,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from palomino.runs.checkpoints import atomic_write
 from palomino.runs.result import CellResult, save_encoded

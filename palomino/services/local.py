@@ -99,7 +99,7 @@ def _roots_with(roots: str, directory: str | None) -> str:
     from palomino.config.data_roots import DEFAULT_ROOTS
 
     given = [r for r in roots.split(os.pathsep) if r.strip()] or list(DEFAULT_ROOTS)
-    return os.pathsep.join(given + [str(Path(directory).expanduser().resolve())] if directory else given)
+    return os.pathsep.join([*given, str(Path(directory).expanduser().resolve())] if directory else given)
 
 
 def run_up(

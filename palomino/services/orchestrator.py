@@ -728,7 +728,7 @@ class Orchestrator:
             header = SnapshotHeader.model_validate(
                 frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0]
             )
-        except (PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError, asyncio.TimeoutError) as error:
+        except (TimeoutError, PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError) as error:
             log.warning("newest snapshot of %s not readable (%s): the checkpoint will do", coord, error)
             return None
         if header.experiment != experiment.id or tuple(header.cell) != tuple(coord):
@@ -740,7 +740,7 @@ class Orchestrator:
     async def _forget_published(self, experiment: Experiment, coord: Coord) -> None:
         try:
             await asyncio.wait_for(forget_published(self.control.channel, experiment.id, coord), BROKER_CALL_TIMEOUT)
-        except (AMQPError, RuntimeError, ConnectionError, asyncio.TimeoutError) as error:
+        except (TimeoutError, AMQPError, RuntimeError, ConnectionError) as error:
             log.warning("last-value queue of %s not deleted: %s", coord, error)
 
     async def _forget_all_published(self, experiment: Experiment) -> None:

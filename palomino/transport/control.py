@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.transport.rabbitmq import (
     DEAD_EXCHANGE,
     InFlight,
@@ -25,6 +25,7 @@ from palomino.transport.rabbitmq import (
     describe_rejection,
     publish_with_retry,
 )
+from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)

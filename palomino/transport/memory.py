@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from palomino.grid import Coord
 from palomino.transport.store import SnapshotStore

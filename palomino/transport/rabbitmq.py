@@ -14,7 +14,7 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
@@ -117,7 +117,7 @@ async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
         probe = await aio_pika.connect(url, timeout=timeout)
         await probe.close()
         return await aio_pika.connect_robust(url, timeout=timeout)
-    except (OSError, AMQPError, asyncio.TimeoutError, ValueError) as error:
+    except (TimeoutError, OSError, AMQPError, ValueError) as error:
         cause = str(error) or type(error).__name__
         raise TransportError(
             f"cannot connect to RabbitMQ at {redact(url)}: {cause} "
@@ -171,7 +171,7 @@ async def publish_with_retry(
         try:
             await exchange.publish(message, routing_key=key)
             return
-        except (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError) as error:
+        except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:
             if asyncio.get_running_loop().time() > deadline:
                 raise TransportError(f"cannot publish to RabbitMQ at {redact(url)}: {error}") from None
             log.warning("publish failed (%s); retrying", error or type(error).__name__)
@@ -244,7 +244,7 @@ class RabbitSnapshotBus:
             try:
                 await declare_last_value(self._channel, self._exchange, self.experiment, coord)
                 self._last_value[coord] = now
-            except (AMQPError, ConnectionError, RuntimeError, asyncio.TimeoutError) as error:
+            except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:
                 log.warning("last-value queue of %s not declared (%s); retrying at the next publish", coord, error)
         await publish_with_retry(self._exchange, message, key, self.url, self.publish_timeout)
 

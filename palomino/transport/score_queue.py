@@ -8,14 +8,14 @@ Malformed jobs are dead-lettered and logged; the consumer keeps going.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
-from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.transport.rabbitmq import (
     InFlight,
     capped,
@@ -25,6 +25,7 @@ from palomino.transport.rabbitmq import (
     describe_rejection,
     publish_with_retry,
 )
+from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
 
 log = logging.getLogger(__name__)
@@ -125,12 +126,11 @@ class ScoreQueue:
             try:
                 await self.publish_result(result)
                 await message.ack()
-            except Exception as error:  # never leave it unacked: with prefetch 1 this scorer would starve
+            except Exception as error:  # noqa: BLE001 — never leave it unacked: with prefetch 1 this scorer would starve
                 log.warning("result of job %s not published (%s); the job goes back to the queue", job.job, error)
-                try:
+                # The channel may be gone too: then RabbitMQ requeues the job itself.
+                with contextlib.suppress(Exception):
                     await message.nack(requeue=True)
-                except Exception:  # the channel is gone: RabbitMQ requeues the job itself
-                    pass
 
         await self._queue.consume(on_message)
 

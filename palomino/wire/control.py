@@ -7,7 +7,7 @@ a checkpoint, a PNG of samples, a finished cell's mixture (safetensors).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -116,7 +116,7 @@ class Failed(_Message):
 
 
 ControlMessage = Annotated[
-    Union[Register, Assign, Resize, Stop, Metrics, Samples, Checkpoint, Done, Failed], Field(discriminator="kind")
+    Register | Assign | Resize | Stop | Metrics | Samples | Checkpoint | Done | Failed, Field(discriminator="kind")
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
 

@@ -12,7 +12,8 @@ import hashlib
 import json
 import re
 import struct
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
@@ -14,10 +15,10 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 
 from palomino.services.auth import bearer_guard
-from palomino.services.http import unprocessable
 from palomino.services.dashboard.events import EventHub
 from palomino.services.dashboard.history import History, SourceUnavailable
 from palomino.services.dashboard.runfiles import valid_cell, valid_experiment_id
+from palomino.services.http import unprocessable
 
 STATIC = resources.files("palomino.services.dashboard") / "static"
 MAX_PAGE = 50_000

@@ -7,7 +7,8 @@ turns it into a 404), `SourceUnavailable` means "could not ask" (a 503 naming th
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import httpx
 

@@ -104,7 +104,7 @@ class ServerThread:
     def _run(self) -> None:
         try:
             self._server.run(sockets=[self._sock])
-        except BaseException as error:  # noted; whoever started the thread goes on without its page
+        except BaseException as error:  # noqa: BLE001 — noted; whoever started the thread goes on without its page
             self.error = error
             log.warning("dashboard stopped: %s", error)
 

@@ -1,0 +1,32 @@
+"""ruff (pinned in the dev extra, rules in pyproject.toml) keeps the tree's lint and format clean."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    if importlib.util.find_spec("ruff") is None:
+        pytest.fail("ruff is not installed: `pip install -e '.[dev]'` (the test command installs the dev extra)")
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_ruff_check_is_clean() -> None:
+    done = ruff("check", "--output-format", "concise", ".")
+    assert done.returncode == 0, (
+        f"`ruff check .` found problems (`ruff check --fix .` mends many):\n{done.stdout}{done.stderr}"
+    )
+
+
+def test_ruff_format_is_clean() -> None:
+    done = ruff("format", "--check", ".")
+    assert done.returncode == 0, f"`ruff format .` would change these files:\n{done.stdout}{done.stderr}"
