@@ -17,9 +17,10 @@ ENV PATH=/opt/palomino/bin:$PATH
 # torch first, from the variant's index: `pip install .` then finds torch==2.13.0 satisfied
 # (2.13.0+cpu or +cuXXX) instead of pulling the default CUDA build from PyPI.
 RUN pip install "torch==${TORCH_VERSION}" --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}"
-COPY pyproject.toml README.md ./src/
-COPY palomino ./src/palomino
-RUN pip install ./src && rm -rf ./src
+WORKDIR /build
+COPY pyproject.toml README.md ./
+COPY palomino ./palomino
+RUN pip install . && rm -rf /build
 
 FROM python:${PYTHON_VERSION}-slim AS runtime
 ARG TORCH_VARIANT=cpu
@@ -39,7 +40,7 @@ ENV PATH=/opt/palomino/bin:$PATH \
     OMP_NUM_THREADS=1 \
     COLUMNS=200
 WORKDIR /app
-USER palomino
+USER 10001:10001
 VOLUME ["/data/runs", "/data/datasets"]
 # 8000: the orchestrator's API; 8080: the dashboard.
 EXPOSE 8000 8080

