@@ -5,7 +5,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const vendor = join(here, "..", "palomino", "services", "dashboard", "static", "vendor");
+const vendor = join(here, "..", "services", "dashboard", "static", "vendor");
 const files = {
   "uplot/dist/uPlot.iife.min.js": "uPlot.iife.min.js",
   "uplot/dist/uPlot.min.css": "uPlot.min.css",

@@ -230,8 +230,8 @@ def _settings(
     password left at an example's placeholder, exits 2 naming it."""
     from pydantic import ValidationError
 
-    from palomino.services.auth import refuse_placeholder_passwords
-    from palomino.services.settings import ServiceSettings
+    from palomino.services.common.auth import refuse_placeholder_passwords
+    from palomino.services.common.settings import ServiceSettings
 
     try:
         settings = ServiceSettings().with_flags(broker_url=broker, redis_url=redis, orchestrator_url=orchestrator)
@@ -252,7 +252,7 @@ def _settings(
 
 
 def _client(orchestrator: str | None):
-    from palomino.services.client import OrchestratorClient
+    from palomino.services.common.client import OrchestratorClient
 
     settings = _settings(orchestrator=orchestrator, client=True)
     return OrchestratorClient(settings.orchestrator_url, token=settings.token)
@@ -287,7 +287,7 @@ def cell(
     worker_id: str | None = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
 ) -> None:
     """A cell worker: registers, heartbeats, trains the cell it is assigned."""
-    from palomino.services.cell import CellWorker
+    from palomino.services.cell.worker import CellWorker
 
     _serve(CellWorker(_settings(broker, redis), worker_id, device))
 
@@ -331,9 +331,9 @@ def orchestrator(
     """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
     import uvicorn
 
-    from palomino.services.api import create_app
-    from palomino.services.auth import is_loopback
-    from palomino.services.orchestrator import preflight
+    from palomino.services.common.auth import is_loopback
+    from palomino.services.orchestrator.api import create_app
+    from palomino.services.orchestrator.service import preflight
 
     settings = _settings(broker, redis)
     if settings.token is None and not is_loopback(host):
@@ -450,7 +450,7 @@ def scorer(
     broker: str | None = BROKER, name: str | None = typer.Option(None, "--name", help="Default: host-pid.")
 ) -> None:
     """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
-    from palomino.services.scorer import Scorer
+    from palomino.services.scorer.service import Scorer
 
     _serve(Scorer(_settings(broker), name))
 

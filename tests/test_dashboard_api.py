@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import REPO, cli_env, last_line, palomino, tiny, write_yaml
-
-from palomino.errors import ConfigError
+from palomino.services.common.runfiles import JsonlIndex, RunFiles, RunsFolder
 from palomino.services.dashboard import create_app, dashboard_settings
 from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event
 from palomino.services.dashboard.history import CombinedHistory, OrchestratorHistory, RunsHistory
-from palomino.services.dashboard.runfiles import JsonlIndex, RunFiles, RunsFolder
+
+from palomino.errors import ConfigError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CELLS = {"0-0", "0-1", "1-0", "1-1"}
@@ -186,7 +186,7 @@ async def test_page_and_vendored_library(finished_run: Path) -> None:
     # The vendored file is the version pinned in the lock file.
     lock = json.loads((REPO / "frontend" / "package-lock.json").read_text())
     pinned = lock["packages"]["node_modules/uplot"]["version"]
-    vendored = (REPO / "palomino/services/dashboard/static/vendor/uPlot.iife.min.js").read_text()
+    vendored = (REPO / "services/dashboard/static/vendor/uPlot.iife.min.js").read_text()
     assert vendored.startswith(f"/*! https://github.com/leeoniya/uPlot (v{pinned}) */")
     built = REPO / "frontend" / "node_modules" / "uplot" / "dist" / "uPlot.iife.min.js"
     if built.exists():  # after `npm ci && npm run build`: the committed copy is the built one
@@ -209,11 +209,12 @@ async def test_orchestrator_down_is_a_503_naming_it_and_runs_still_answer(finish
 
 def orchestrator_app_holding(run: Path):
     """The orchestrator's real HTTP app holding `run` as one of its experiments (not started: no broker needed)."""
+    from palomino.services.common.settings import ServiceSettings
+    from palomino.services.orchestrator.api import create_app as orchestrator_app
+    from palomino.services.orchestrator.service import Experiment
+
     from palomino.config import load_config
     from palomino.runs.directory import RunDirectory
-    from palomino.services.api import create_app as orchestrator_app
-    from palomino.services.orchestrator import Experiment
-    from palomino.services.settings import ServiceSettings
 
     app = orchestrator_app(ServiceSettings(), run.parent)
     app.state.orchestrator.experiments[run.name] = Experiment(
@@ -334,7 +335,7 @@ async def test_a_stream_that_falls_behind_is_told_to_resync() -> None:
 
 
 def test_the_dashboard_imports_no_torch() -> None:
-    code = "import sys, palomino.services.dashboard, palomino.services.api; print('torch' in sys.modules)"
+    code = "import sys, palomino.services.dashboard, palomino.services.orchestrator.api; print('torch' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=REPO, check=False
     )

@@ -125,7 +125,13 @@ def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
         assert services[name]["healthcheck"]["test"], name
     for name in PALOMINO_SERVICES:
         service = services[name]
-        assert service["image"] == services["orchestrator"]["image"], "one image for every service"
+        # One image per service, built from its own Dockerfile (submit runs in the cell's: it loads datasets).
+        own = {"submit": "cell", "cell-gpu": "cell"}.get(name, name)
+        assert re.fullmatch(rf"\$?.*palomino-{own}:.+", service["image"]), service["image"]
+        assert service["build"]["dockerfile"] == f"services/{own}/Dockerfile" and service["build"]["context"] in {
+            ".",
+            str(REPO),
+        }
         depends = service["depends_on"]
         assert {"rabbitmq", "redis"} <= set(depends), name
         assert all(d["condition"] == "service_healthy" for d in depends.values()), name
@@ -958,6 +964,10 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Renderer, variant: str
 
     # The Palomino services: their commands, probes, replicas, GPUs.
     commands = {c["name"]: c for pod in pods.values() for c in pod["spec"]["containers"]}
+    for name, container in commands.items():  # one image per service (the experiment Job's: the cell's)
+        if name in {"orchestrator", "cell", "scorer", "dashboard", "submit"}:
+            service = "cell" if name == "submit" else name
+            assert container["image"].startswith(f"{merged['image']['repository']}-{service}:"), container["image"]
     assert commands["orchestrator"]["command"][:2] == ["palomino", "orchestrator"]
     assert commands["orchestrator"]["readinessProbe"]["httpGet"]["path"] == "/healthz"
     if merged["dashboard"]["enabled"]:
@@ -1110,17 +1120,22 @@ def test_slurm_script_names_what_is_missing(tmp_path: Path) -> None:
     assert done.returncode == 2 and "PALOMINO_DEVICE=tpu" in done.stderr
 
 
-def test_dockerfile_builds_one_lean_non_root_image() -> None:
-    text = (REPO / "Dockerfile").read_text()
+@pytest.mark.parametrize("name", ["orchestrator", "cell", "scorer", "dashboard"])
+def test_each_service_image_is_lean_and_non_root(name: str) -> None:
+    text = (REPO / "services" / name / "Dockerfile").read_text()
     assert len(re.findall(r"^FROM ", text, re.M)) >= 2, "multi-stage"
-    assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
-    assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
+    if name in {"cell", "scorer"}:  # torch, CPU by default, CUDA by a build argument
+        assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
+        assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
+    else:  # no torch: the package without its dependencies, then the service's own
+        assert "pip install --no-deps ." in text and "TORCH_VARIANT" not in text
     assert re.search(r"^USER 10001:10001$", text, re.M)  # numeric: runAsNonRoot can verify it
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     assert ignored[ignored.index("*") if "*" in ignored else 0] == "*", "the context is an allow-list"
     for line in re.findall(r"^COPY (?!--from)(.*)$", text, re.M):
         for copied in [a for a in line.split() if not a.startswith("--")][:-1]:  # sources; the last is the destination
-            assert {f"!{copied}", f"!{copied}/"} & set(ignored), f"{copied} is ignored by .dockerignore"
+            top = copied.split("/")[0]
+            assert {f"!{top}", f"!{top}/", f"!{copied}"} & set(ignored), f"{copied} is ignored by .dockerignore"
 
 
 def test_every_dockerfile_passes_hadolint() -> None:

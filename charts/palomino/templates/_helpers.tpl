@@ -20,8 +20,9 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "palomino.image" -}}
-{{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) | quote }}
+{{/* One image per service: <image.repository>-<service>:<tag> (services/<service>/Dockerfile). */}}
+{{- define "palomino.tag" -}}
+{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
 
 {{- define "palomino.secret" -}}

@@ -12,13 +12,12 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, 
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from sse_starlette.sse import EventSourceResponse
-
-from palomino.services.auth import bearer_guard
+from palomino.services.common.auth import bearer_guard
+from palomino.services.common.http import unprocessable
+from palomino.services.common.runfiles import valid_cell, valid_experiment_id
 from palomino.services.dashboard.events import EventHub
 from palomino.services.dashboard.history import History, SourceUnavailable
-from palomino.services.dashboard.runfiles import valid_cell, valid_experiment_id
-from palomino.services.http import unprocessable
+from sse_starlette.sse import EventSourceResponse
 
 STATIC = resources.files("palomino.services.dashboard") / "static"
 MAX_PAGE = 50_000

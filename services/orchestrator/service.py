@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiormq.exceptions import AMQPError
+from palomino.services.common.settings import ServiceSettings
+from palomino.services.orchestrator.experiment_store import read_collected, read_states, write_collected, write_state
 
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
@@ -25,8 +27,6 @@ from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint_bytes
 from palomino.runs.directory import LineIndex, RunDirectory, finite_json
 from palomino.runs.result import CellResult, grid_components, save_encoded, write_ensemble, write_result
-from palomino.services.experiment_store import read_collected, read_states, write_collected, write_state
-from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import forget_published, newest_published
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix

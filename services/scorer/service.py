@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from palomino.services.common.settings import ServiceSettings
+
 from palomino.errors import PalominoError
-from palomino.services.settings import ServiceSettings
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire.score import ScoreJob, ScoreResult
 

@@ -14,13 +14,14 @@ import socket
 import uuid
 from typing import Any
 
+from palomino.services.common.settings import ServiceSettings
+
 from palomino.config import parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid, class_grid_at
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
-from palomino.services.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix

@@ -1,0 +1,1 @@
+"""The cell worker: registers, heartbeats, trains the cell it is assigned (torch)."""

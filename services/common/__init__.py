@@ -1,0 +1,1 @@
+"""What the services share: settings, tokens, HTTP helpers, the orchestrator's client, run files."""

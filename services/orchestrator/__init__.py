@@ -1,0 +1,1 @@
+"""The orchestrator: experiments, layout, liveness, results, and its HTTP API (no torch)."""

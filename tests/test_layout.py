@@ -1,0 +1,103 @@
+"""The project's layout: the library in palomino/, each service in services/<name>/ with its own
+Dockerfile and README, no service importing another, and the torch-free images' services
+starting with torch made unimportable."""
+
+from __future__ import annotations
+
+import ast
+import secrets
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_env
+from palomino.services.local import free_port, stop_processes
+
+SERVICES = ("orchestrator", "cell", "scorer", "dashboard")
+TORCH_FREE = ("orchestrator", "dashboard")
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def module_of(folder: Path) -> str:
+    """palomino/x/y → palomino.x.y; services/x → palomino.services.x (the package-dir mapping)."""
+    parts = folder.relative_to(REPO).parts
+    return ".".join(("palomino", *parts) if parts[0] == "services" else parts)
+
+
+def test_every_package_folder_is_installed() -> None:
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"palomino.services": "services"}
+    found = {module_of(init.parent) for root in ("palomino", "services") for init in (REPO / root).rglob("__init__.py")}
+    assert found == listed, (
+        f"pyproject's [tool.setuptools] packages: add {sorted(found - listed)}, drop {sorted(listed - found)}"
+    )
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_each_service_has_its_code_dockerfile_and_readme(name: str) -> None:
+    folder = REPO / "services" / name
+    assert (folder / "__init__.py").is_file() and (folder / "Dockerfile").is_file() and (folder / "README.md").is_file()
+    readme = (folder / "README.md").read_text()
+    assert f"palomino {name}" in readme and "docker build" in readme
+
+
+def test_no_service_imports_another() -> None:
+    for name in SERVICES:
+        others = {f"palomino.services.{other}" for other in SERVICES if other != name}
+        for path in (REPO / "services" / name).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                modules += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                for module in modules:
+                    assert not any(module == o or module.startswith(o + ".") for o in others), (
+                        f"{path}: imports {module}"
+                    )
+
+
+@pytest.mark.parametrize("name", TORCH_FREE)
+def test_a_torch_free_image_installs_only_pyprojects_dependencies_without_torch(name: str) -> None:
+    dependencies = set(PYPROJECT["project"]["dependencies"])
+    lines = [
+        line
+        for line in (REPO / "services" / name / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert set(lines) <= dependencies, f"not as pyproject.toml says: {sorted(set(lines) - dependencies)}"
+    assert not [line for line in lines if line.startswith(("torch", "torchmetrics"))]
+    dockerfile = (REPO / "services" / name / "Dockerfile").read_text()
+    assert "pip install --no-deps ." in dockerfile and "TORCH_VARIANT" not in dockerfile
+
+
+@pytest.mark.parametrize("name", TORCH_FREE)
+def test_the_torch_free_services_start_and_answer_without_torch(name: str, tmp_path: Path) -> None:
+    port = free_port()
+    blocked = (
+        "import sys; sys.modules['torch'] = sys.modules['torchmetrics'] = None; from palomino.cli import run; run()"
+    )
+    args = {"orchestrator": ["--runs", str(tmp_path)], "dashboard": ["--runs", str(tmp_path)]}[name]
+    log = (tmp_path / "log.txt").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-c", blocked, name, *args, "--port", str(port)],
+        cwd=tmp_path,
+        env=cli_env() | {"PALOMINO_NAMESPACE": f"layout-{secrets.token_hex(4)}"},  # its own queues
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline, status = time.monotonic() + 60, None
+        while status != 200:
+            assert process.poll() is None, (tmp_path / "log.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    status = response.status
+            except OSError:
+                time.sleep(0.2)
+    finally:
+        stop_processes([process])
+        log.close()
+    assert "No module named 'torch'" not in (tmp_path / "log.txt").read_text()
