@@ -9,7 +9,8 @@ import asyncio
 from pathlib import Path
 
 from palomino.services.common.settings import ServiceSettings
-from palomino.services.orchestrator.service import Experiment, Orchestrator, Worker
+from palomino.services.orchestrator.experiment import Experiment, Worker
+from palomino.services.orchestrator.service import Orchestrator
 
 from palomino.config.models import ExperimentConfig
 from palomino.grid import Coord, Topology
@@ -35,7 +36,7 @@ def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:
     async def no_queue(experiment: Experiment, coord: Coord) -> None:
         pass
 
-    orchestrator._forget_published = no_queue  # no last-value queues without a broker
+    orchestrator.placement.forget_published = no_queue  # no last-value queues without a broker
     config = ExperimentConfig.model_validate(
         {"name": "race", "grid": {"rows": 2, "cols": 2}, "distributed": {"min_cells": 2}, "scoring": {"final": False}}
     )
@@ -57,11 +58,11 @@ def done(worker: str, coord: tuple[int, int]) -> Done:
 def test_a_done_sent_just_before_a_shrink_moved_its_worker_counts_where_it_went(tmp_path: Path) -> None:
     orchestrator, experiment = running_2x2(tmp_path)
     # w0 dies; 3 survivors lay out as 1×3: w2 moves from 1-0 and w3 from 1-1 …
-    asyncio.run(orchestrator._shrink(experiment, {Coord(0, 0): "w0"}))
+    asyncio.run(orchestrator.recovery.shrink(experiment, {Coord(0, 0): "w0"}))
     moved = {m.worker: m.coord for _, m in orchestrator.control.sent if isinstance(m, Resize)}
     assert moved == {"w1": (0, 1), "w2": (0, 0), "w3": (0, 2)}
     # … but w2 had finished at 1-0 and its Done crossed the Resize: it stands for 0-0.
-    asyncio.run(orchestrator._on_done(experiment, done("w2", (1, 0)), b""))
+    asyncio.run(orchestrator.results.on_done(experiment, done("w2", (1, 0)), b""))
     assert set(experiment.done) == {Coord(0, 0)} and experiment.done[Coord(0, 0)].cell == "0-0"
     assert experiment.done[Coord(0, 0)].trained_at == "1-0"  # its own generator's name in its mixture
     assert experiment.state == "running"
@@ -69,9 +70,9 @@ def test_a_done_sent_just_before_a_shrink_moved_its_worker_counts_where_it_went(
 
 def test_a_done_from_a_replaced_worker_is_still_dropped(tmp_path: Path) -> None:
     orchestrator, experiment = running_2x2(tmp_path)
-    asyncio.run(orchestrator._shrink(experiment, {Coord(0, 0): "w0"}))
-    asyncio.run(orchestrator._on_done(experiment, done("w0", (0, 0)), b""))  # the dead one, late
-    asyncio.run(orchestrator._on_done(experiment, done("w1", (1, 1)), b""))  # never held 1-1
+    asyncio.run(orchestrator.recovery.shrink(experiment, {Coord(0, 0): "w0"}))
+    asyncio.run(orchestrator.results.on_done(experiment, done("w0", (0, 0)), b""))  # the dead one, late
+    asyncio.run(orchestrator.results.on_done(experiment, done("w1", (1, 1)), b""))  # never held 1-1
     assert experiment.done == {}
 
 
@@ -92,7 +93,7 @@ def test_supervision_backs_off_while_redis_refuses(tmp_path: Path) -> None:
     orchestrator.liveness.alive = counted
 
     async def supervise_for(seconds: float) -> None:
-        task = asyncio.create_task(orchestrator._supervise())
+        task = asyncio.create_task(orchestrator.supervisor.run())
         await asyncio.sleep(seconds)
         task.cancel()
         await orchestrator.liveness.close()
@@ -153,7 +154,7 @@ def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scra
     async def nothing_published(experiment: Experiment, coord: Coord) -> None:
         return None
 
-    orchestrator._newest_published = nothing_published
+    orchestrator.placement.newest_published = nothing_published
     folder = experiment.run.checkpoint_dir(Coord(0, 1))
     for iteration in (2, 4):
         write_checkpoint_bytes(folder, iteration, b"state at %d" % iteration, {"iteration": iteration, "epoch": 0}, 3)
@@ -163,14 +164,14 @@ def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scra
 
     async def go() -> list[int | None]:
         restored = []
-        await orchestrator._assign(experiment, Coord(0, 1), "w1", restore=True)
+        await orchestrator.placement.assign(experiment, Coord(0, 1), "w1", restore=True)
         restored.append((last_assign().restore_meta or {}).get("iteration"))
         for _ in range(2):
             failed = Failed(experiment="race-1", worker="w1", reason="w1: does not load", restore_failed=True)
-            await orchestrator._on_control(failed, b"")
+            await orchestrator.on_control(failed, b"")
             restored.append((last_assign().restore_meta or {}).get("iteration"))
         assert experiment.state == "running"
-        await orchestrator._on_control(
+        await orchestrator.on_control(
             Failed(experiment="race-1", worker="w1", reason="w1: from scratch too", restore_failed=True), b""
         )
         return restored
@@ -195,8 +196,8 @@ def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: P
 
     async def go() -> None:
         for message in forged:
-            await orchestrator._on_control(message, b"\x89PNG")
-        await orchestrator._on_control(
+            await orchestrator.on_control(message, b"\x89PNG")
+        await orchestrator.on_control(
             Metrics(experiment="race-1", worker="w0", record={"cell": [0, 0], "iteration": 0}), b""
         )
 

@@ -87,9 +87,8 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        await orchestrator.start()
-        yield
-        await orchestrator.close()
+        async with orchestrator:  # closes what it opened, also when start() fails half-way
+            yield
 
     app = FastAPI(title="Palomino orchestrator", lifespan=lifespan)
     app.state.orchestrator = orchestrator

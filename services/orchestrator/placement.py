@@ -1,0 +1,189 @@
+"""Layouts: starting an experiment on the spare workers, assigning a cell (restored from its newest
+checkpoint or snapshot), new epochs, and ending an experiment (its workers stopped and freed)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiormq.exceptions import AMQPError
+from palomino.services.orchestrator.experiment import Experiment, State, class_layout
+from palomino.services.orchestrator.shared import Shared
+
+from palomino.errors import PalominoError
+from palomino.grid import Coord, Topology, rectangle
+from palomino.runs.checkpoints import newest_valid
+from palomino.transport.control import cell_address
+from palomino.transport.rabbitmq import forget_published, newest_published
+from palomino.wire import frame
+from palomino.wire.control import Assign, Stop
+from palomino.wire.snapshot import SnapshotHeader
+
+log = logging.getLogger(__name__)
+BROKER_CALL_TIMEOUT = 10.0  # seconds for a broker call made under the lock
+
+
+class Placement:
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+
+    async def end(self, experiment: Experiment, state: State, reason: str = "") -> None:
+        experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
+        await asyncio.to_thread(experiment.persist)
+        for worker in self.shared.working_on(experiment):
+            await self.shared.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
+            self.shared.workers[worker].free()
+        log.info("experiment %s %s%s", experiment.id, state, f": {reason}" if reason else "")
+        await self.shared.event(experiment, "state", {"state": state, "reason": reason})
+        await self.forget_all_published(experiment)
+
+    async def try_start(self, experiment: Experiment) -> None:
+        config = experiment.config
+        low, high = config.cell_bounds
+        spares = self.shared.spares(config.distributed.heartbeat_ttl)
+        waited = time.monotonic() - experiment.created
+        rows, cols = (
+            rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols)) if spares else (0, 0)
+        )
+        enough = rows * cols >= low
+        if config.partitioned:  # every worker gets a cell of some class, at least one per class
+            enough = min(len(spares), high) >= max(low, len(config.data.labels or ()))
+        if len(spares) < high and not (waited >= config.distributed.start_timeout and enough):
+            if waited >= config.distributed.start_timeout and not enough:
+                await self.end(
+                    experiment,
+                    "failed",
+                    f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; min_cells is {low}",
+                )
+            return
+        if min(len(spares), high) == config.cells:
+            rows, cols = config.grid.rows, config.grid.cols  # exactly the configured grid when it is there
+        if config.partitioned:
+            experiment.partition = class_layout(config, min(len(spares), high))
+            if experiment.partition is None:  # fewer workers than classes, after the start timeout
+                await self.end(
+                    experiment,
+                    "failed",
+                    f"only {len(spares)} workers after {config.distributed.start_timeout:.0f} s; "
+                    f"a partitioned run needs at least one per class ({len(config.data.labels or ())})",
+                )
+                return
+            rows, cols = experiment.partition.rows, max(g.cols for g in experiment.partition.grids)
+        topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
+        coords = list(experiment.partition.cells() if experiment.partition else topology.cells())
+        experiment.topology = topology
+        experiment.laid_out.update(coords)
+        experiment.cells = dict(zip(coords, spares))
+        experiment.state = "running"
+        experiment.record_layout()
+        log.info(
+            "experiment %s starts on %d×%d: %s",
+            experiment.id,
+            rows,
+            cols,
+            {str(c): w for c, w in experiment.cells.items()},
+        )
+        for coord, worker in experiment.cells.items():
+            await self.assign(experiment, coord, worker)
+        await self.shared.event(experiment, "topology", experiment.summary(self.shared.alive))
+
+    async def assign(self, experiment: Experiment, coord: Coord, worker: str, restore: bool = False) -> None:
+        topology = experiment.topology
+        assert topology is not None
+        self.shared.workers[worker].experiment, self.shared.workers[worker].coord = experiment.id, coord
+        self.shared.workers[worker].idle = False
+        payload, meta = b"", None
+        if restore:
+            unusable = experiment.unusable.get(coord, set())
+            below = min((i for kind, i in unusable if kind == "checkpoint"), default=None)  # older than what failed
+            folder = experiment.run.checkpoint_dir(coord)
+            checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
+            resumed, chosen = 0, None
+            if checkpoint is not None:
+                payload, meta, resumed, chosen = (
+                    checkpoint.payload,
+                    checkpoint.meta,
+                    checkpoint.iteration,
+                    ("checkpoint", checkpoint.iteration),
+                )
+            snapshot = await self.newest_published(experiment, coord)
+            if (
+                snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable
+            ):  # newer than the checkpoint
+                payload, meta, resumed, chosen = (
+                    snapshot[0],
+                    {"from": "snapshot", "iteration": snapshot[1]},
+                    snapshot[1],
+                    ("snapshot", snapshot[1]),
+                )
+            if chosen is not None:
+                experiment.restoring[coord] = chosen
+            log.info(
+                "cell %s of %s restarts at iteration %d from %s",
+                coord,
+                experiment.id,
+                resumed,
+                (meta or {}).get("from", "a checkpoint" if payload else "scratch"),
+            )
+            # The iterations it will redo are recorded again by the newcomer.
+            experiment.run.keep_metrics(
+                lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed
+            )
+            experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
+        rows, cols = experiment.shape_of(coord)
+        message = Assign(
+            experiment=experiment.id,
+            worker=worker,
+            config=experiment.config.model_dump(mode="json"),
+            coord=tuple(coord),
+            rows=rows,
+            cols=cols,
+            epoch=topology.epoch,
+            restore_meta=meta,
+        )
+        await self.shared.control.send(cell_address(worker), message, payload)
+
+    async def newest_published(self, experiment: Experiment, coord: Coord) -> tuple[bytes, int] | None:
+        """(body, the iteration it resumes at) of the newest snapshot `coord` published, if any."""
+        try:
+            # Bounded: this runs under the orchestrator's lock, and a broker outage must not hold it.
+            body = await asyncio.wait_for(
+                newest_published(self.shared.control.channel, experiment.id, coord, self.shared.settings.signer),
+                BROKER_CALL_TIMEOUT,
+            )
+            if body is None:
+                return None
+            header = SnapshotHeader.model_validate(
+                frame.unpack(body, max_bytes=experiment.config.distributed.max_snapshot_bytes)[0]
+            )
+        except (TimeoutError, PalominoError, ValueError, AMQPError, RuntimeError, ConnectionError) as error:
+            log.warning("newest snapshot of %s not readable (%s): the checkpoint will do", coord, error)
+            return None
+        if header.experiment != experiment.id or tuple(header.cell) != tuple(coord):
+            return None
+        if header.epoch < experiment.history_since.get(coord, 0):
+            return None  # published by the coordinate's previous occupant
+        return body, header.iteration + 1
+
+    async def forget_published(self, experiment: Experiment, coord: Coord) -> None:
+        try:
+            await asyncio.wait_for(
+                forget_published(self.shared.control.channel, experiment.id, coord), BROKER_CALL_TIMEOUT
+            )
+        except (TimeoutError, AMQPError, RuntimeError, ConnectionError) as error:
+            log.warning("last-value queue of %s not deleted: %s", coord, error)
+
+    async def forget_all_published(self, experiment: Experiment) -> None:
+        """The experiment is over: nothing will be restored from its snapshots any more."""
+        for coord in sorted(experiment.laid_out):
+            await self.forget_published(experiment, coord)
+
+    async def new_epoch(self, experiment: Experiment, rows: int, cols: int) -> Topology:
+        old = experiment.topology
+        assert old is not None
+        experiment.topology = Topology(rows, cols, old.kind, old.epoch + 1)
+        experiment.laid_out.update(experiment.cells)
+        experiment.record_layout()
+        await self.shared.event(experiment, "topology", experiment.summary(self.shared.alive))
+        return experiment.topology

@@ -1,0 +1,163 @@
+"""Failures: a dead worker's cells are replaced by spares (restored from their newest state) or the
+grid shrinks around them — a partitioned grid only in the classes that lost cells."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from palomino.services.orchestrator.experiment import Experiment
+from palomino.services.orchestrator.experiment_store import write_collected
+from palomino.services.orchestrator.placement import Placement
+from palomino.services.orchestrator.results import Results
+from palomino.services.orchestrator.shared import Shared
+
+from palomino.grid import Coord, rectangle, relayout
+from palomino.grid.partition import Partition, class_rectangle
+from palomino.transport.control import cell_address
+from palomino.wire.control import Resize
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    def __init__(self, shared: Shared, placement: Placement, results: Results) -> None:
+        self.shared, self.placement, self.results = shared, placement, results
+
+    async def check_cells(self, experiment: Experiment) -> None:
+        ttl = experiment.config.distributed.heartbeat_ttl
+        dead = {
+            coord: w
+            for coord, w in experiment.cells.items()
+            if coord not in experiment.done and self.shared.is_dead(w, ttl)
+        }
+        if not dead:
+            return
+        self.shared.counters["failures_handled"] += len(dead)
+        for coord, worker in dead.items():
+            log.warning("worker %s (cell %s of %s) is dead: no heartbeat for %.0f s", worker, coord, experiment.id, ttl)
+            self.shared.workers.pop(worker, None)
+        policy = experiment.config.distributed.on_failure
+        spares = self.shared.spares(ttl)
+        if policy == "replace" or (policy == "auto" and len(spares) >= len(dead)):
+            if len(spares) >= len(dead):
+                await self._replace(experiment, dead, spares)
+                return
+            log.warning("not enough spares to replace %d cells: shrinking instead", len(dead))
+        await self.shrink(experiment, dead)
+
+    async def _replace(self, experiment: Experiment, dead: dict[Coord, str], spares: list[str]) -> None:
+        for (coord, worker), spare in zip(dead.items(), spares):
+            experiment.cells[coord] = spare
+            experiment.failures.append(
+                {"worker": worker, "cell": str(coord), "action": "replace", "by": spare, "at": time.time()}
+            )
+            log.info("cell %s of %s: %s replaces %s from its newest checkpoint", coord, experiment.id, spare, worker)
+        await self.placement.new_epoch(experiment, experiment.topology.rows, experiment.topology.cols)
+        for coord in dead:
+            await self.placement.assign(experiment, coord, experiment.cells[coord], restore=True)
+
+    def plan_shrink(
+        self, experiment: Experiment, dead: dict[Coord, str]
+    ) -> tuple[dict[Coord, str], int, int, Partition | None] | str:
+        """(survivors placed, rows, cols of the id space, the new partition) or why the experiment fails.
+
+        A plain grid is laid out again as a whole; a partitioned one only in the classes that lost
+        cells, each within its band of rows, so no cell ever changes class."""
+        low, high = experiment.config.cell_bounds
+        current = {c: w for c, w in sorted(experiment.cells.items()) if c not in dead}
+        if experiment.partition is None:
+            rows, cols = rectangle(min(len(current), high)) if current else (0, 0)
+            if rows * cols < low:  # the rectangle, not the head count: 7 survivors lay out as 2×3
+                return f"{len(current)} cells left after failures; min_cells is {low} (checkpoints kept)"
+            return relayout(current, list(current.values()), rows, cols), rows, cols, None
+        partition, epoch = experiment.partition, experiment.topology.epoch + 1
+        grids, placed = [], {}
+        for grid in partition.grids:
+            mine = {c: w for c, w in current.items() if c in grid}
+            if not any(c in grid for c in dead):
+                grids.append(grid)
+                placed.update(mine)
+                continue
+            if not mine:
+                return f"class {grid.label}: every cell of its sub-grid was lost (checkpoints kept)"
+            rows, cols = class_rectangle(len(mine), partition.per_class[0])
+            local = relayout({grid.to_local(c): w for c, w in mine.items()}, list(mine.values()), rows, cols)
+            resized = grid.resized(rows, cols, epoch)
+            grids.append(resized)
+            placed.update({resized.to_global(c): w for c, w in local.items()})
+        if len(placed) < low:
+            return f"{len(placed)} cells left after failures; min_cells is {low} (checkpoints kept)"
+        shrunk = Partition(tuple(grids), partition.per_class)
+        return placed, shrunk.rows, max(g.cols for g in grids), shrunk
+
+    async def shrink(self, experiment: Experiment, dead: dict[Coord, str]) -> None:
+        plan = self.plan_shrink(experiment, dead)
+        if isinstance(plan, str):
+            await self.placement.end(experiment, "failed", plan)
+            return
+        placed, rows, cols, partition = plan
+        survivors = [w for c, w in sorted(experiment.cells.items()) if c not in dead]
+        moved = {w for c, w in placed.items() if experiment.cells.get(c) != w}
+        released = [w for w in survivors if w not in placed.values()]
+        for coord, worker in dead.items():
+            shape = f"{rows}x{cols}"
+            if partition is not None:  # the class's new sub-grid
+                grid = partition.grid_for(experiment.partition.class_of(coord))
+                shape = f"class {grid.label}: {grid.rows}x{grid.cols}"
+            experiment.failures.append(
+                {"worker": worker, "cell": str(coord), "action": "shrink", "to": shape, "at": time.time()}
+            )
+        working = set(self.shared.working_on(experiment)) - set(dead.values())
+        # Cells that already finished keep their result, under their (possibly new) coordinate.
+        result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
+        experiment.done = {c: result_of[w] for c, w in placed.items() if w in result_of}
+        for coord, result in experiment.done.items():
+            result.cell = str(coord)
+            await asyncio.to_thread(write_collected, experiment.run.path, result)  # kept under its new name
+        # A coordinate taken by another worker starts a new history: the old one is set aside,
+        # so a later restore never picks up the previous occupant's individuals.
+        for coord, worker in placed.items():
+            folder = experiment.run.checkpoint_dir(coord)
+            if experiment.cells.get(coord) != worker:
+                if folder.exists():
+                    folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
+                experiment.history_since[coord] = experiment.topology.epoch + 1
+                await self.placement.forget_published(experiment, coord)
+        was_at = {w: c for c, w in experiment.cells.items()}
+        experiment.moved_from = {w: was_at[w] for c, w in placed.items() if w in working and was_at[w] != c}
+        experiment.cells = placed
+        experiment.partition = partition
+        topology = await self.placement.new_epoch(experiment, rows, cols)
+        log.info(
+            "experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released",
+            experiment.id,
+            rows,
+            cols,
+            topology.epoch,
+            len(moved),
+            len(released),
+        )
+        for coord, worker in placed.items():
+            if worker in working:  # finished cells and workers on other experiments are left alone
+                self.shared.workers[worker].coord = coord
+                shape = experiment.shape_of(coord)
+                resize = Resize(
+                    experiment=experiment.id,
+                    worker=worker,
+                    coord=tuple(coord),
+                    rows=shape[0],
+                    cols=shape[1],
+                    epoch=topology.epoch,
+                )
+                await self.shared.control.send(cell_address(worker), resize)
+        for worker in released:
+            if worker not in working:
+                continue
+            self.shared.workers[worker].free()
+            await self.shared.control.send(
+                cell_address(worker),
+                Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch),
+            )
+        await self.results.maybe_finish(experiment)

@@ -1,0 +1,63 @@
+"""What the orchestrator's parts share: settings, the experiments and workers it knows, who is
+alive, its counters, one lock, and the connections (set when it starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palomino.services.common.settings import ServiceSettings
+from palomino.services.orchestrator.experiment import Experiment, Worker
+
+from palomino.errors import PalominoError
+
+log = logging.getLogger(__name__)
+
+
+def new_counters() -> dict[str, int]:
+    return {"control_messages": 0, "metrics_records": 0, "failures_handled": 0, "untrusted_messages": 0}
+
+
+@dataclass
+class Shared:
+    settings: ServiceSettings
+    runs: Path
+    experiments: dict[str, Experiment] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    alive: set[str] = field(default_factory=set)  # workers whose heartbeat Redis holds
+    counters: dict[str, int] = field(default_factory=new_counters)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # decisions about layouts, one at a time
+    # The connections: a ControlChannel, a ScoreQueue, a RedisLiveness (or what a test gives).
+    control: Any = None
+    scoring: Any = None
+    liveness: Any = None
+
+    async def event(self, experiment: Experiment, kind: str, body: dict[str, Any]) -> None:
+        try:
+            await self.control.event(experiment.id, kind, body)
+        except PalominoError as error:
+            log.warning("event %s not published: %s", kind, error)
+
+    def working_on(self, experiment: Experiment) -> list[str]:
+        """Workers still training a cell of `experiment` (not done, not moved on)."""
+        return [
+            w
+            for c, w in experiment.cells.items()
+            if c not in experiment.done and w in self.workers and self.workers[w].experiment == experiment.id
+        ]
+
+    def is_dead(self, worker_id: str, ttl: float) -> bool:
+        worker = self.workers.get(worker_id)
+        return worker is None or time.monotonic() - worker.last_seen > ttl
+
+    def spares(self, ttl: float) -> list[str]:
+        """Idle, live workers, in a stable order."""
+        return sorted(
+            w.id
+            for w in self.workers.values()
+            if w.experiment is None and w.idle and w.id in self.alive and not self.is_dead(w.id, ttl)
+        )
