@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from palomino.cache import cache_root
 from palomino.errors import ConfigError
 
 # The usual dataset folders: the working directory's data/, the images' datasets volume, Debian's
 # dataset packages, and Palomino's download cache.
-DEFAULT_ROOTS = ("data", "/data/datasets", "/usr/share/datasets", "~/.cache/palomino")
+DEFAULT_ROOTS = ("data", "/data/datasets", "/usr/share/datasets", str(cache_root()))
 
 
 def data_roots(setting: str | None = None) -> list[Path]:

@@ -7,6 +7,7 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.request import urlopen
 
+from palomino.cache import cache_root
 from palomino.errors import DatasetError
 
 TIMEOUT_S = 10.0
@@ -15,7 +16,7 @@ FETCH_ERRORS = (OSError, HTTPException, ValueError)
 
 
 def cache_dir(name: str) -> Path:
-    return Path.home() / ".cache" / "palomino" / name
+    return cache_root() / name
 
 
 def download(url: str, dest: Path, md5: str, timeout: float = TIMEOUT_S) -> None:

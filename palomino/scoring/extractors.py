@@ -30,10 +30,12 @@ TORCHVISION_INCEPTION = "inception_v3_google-0cc3c7bd.pth"
 
 
 def scoring_cache_dir(option: Path | None = None) -> Path:
-    """--cache-dir, else PALOMINO_CACHE_DIR, else ~/.cache/palomino."""
+    """--cache-dir, else PALOMINO_CACHE_DIR, else Palomino's cache (~/.cache/palomino on Linux)."""
+    from palomino.cache import cache_root
+
     if option is not None:
         return Path(option)
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "palomino")
+    return Path(os.environ.get(CACHE_ENV) or cache_root())
 
 
 def file_digest(path: Path) -> str:
