@@ -155,67 +155,19 @@ def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
 
 
 def test_compose_refuses_to_start_without_credentials(tmp_path: Path) -> None:
-    env_file = tmp_path / "empty.env"
-    env_file.write_text("PALOMINO_CELLS=10\n")
-    done = subprocess.run(
-        [
-            tool("docker-compose"),
-            "--project-directory",
-            str(REPO),
-            "-f",
-            str(COMPOSE),
-            "--env-file",
-            str(env_file),
-            "config",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": os.environ["PATH"]},
-        check=False,
-    )
+    env_file = tmp_path / "partial.env"
+
+    def config_with(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        command = [tool("docker-compose"), "--project-directory", str(REPO), "-f", str(COMPOSE), "--env-file", str(env_file), "config"]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]}, check=False)  # fmt: skip
+
+    done = config_with({"PALOMINO_CELLS": "10"})
     assert done.returncode != 0
     assert "RABBITMQ_USER" in done.stderr and ".env.example" in done.stderr
-    without_token = {k: v for k, v in example_env().items() if k != "PALOMINO_ORCHESTRATOR_TOKEN"}
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in without_token.items()))
-    done = subprocess.run(
-        [
-            tool("docker-compose"),
-            "--project-directory",
-            str(REPO),
-            "-f",
-            str(COMPOSE),
-            "--env-file",
-            str(env_file),
-            "config",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": os.environ["PATH"]},
-        check=False,
-    )
-    assert done.returncode != 0 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr
-    without_key = {k: v for k, v in example_env().items() if k != "PALOMINO_MESSAGE_KEY"}
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in without_key.items()))
-    done = subprocess.run(
-        [
-            tool("docker-compose"),
-            "--project-directory",
-            str(REPO),
-            "-f",
-            str(COMPOSE),
-            "--env-file",
-            str(env_file),
-            "config",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": os.environ["PATH"]},
-        check=False,
-    )
-    assert done.returncode != 0 and "PALOMINO_MESSAGE_KEY" in done.stderr
+    for secret in ("PALOMINO_ORCHESTRATOR_TOKEN", "PALOMINO_MESSAGE_KEY"):  # each one required on its own
+        done = config_with({k: v for k, v in example_env().items() if k != secret})
+        assert done.returncode != 0 and secret in done.stderr, secret
 
 
 def test_compose_services_refuse_the_example_placeholders(tmp_path: Path) -> None:
