@@ -57,8 +57,8 @@ def train(
     """Train every cell of the grid in this process; prints the run directory last."""
     from palomino.config import dump_config, load_config
     from palomino.data import load_dataset
+    from palomino.io import atomic_write
     from palomino.runs import RunDirectory
-    from palomino.runs.checkpoints import atomic_write
     from palomino.runs.embedded import train_embedded
 
     listening = _dashboard_socket(dashboard)  # a taken port fails before anything is written

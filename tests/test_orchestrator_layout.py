@@ -120,7 +120,7 @@ def test_metrics_pages_are_read_incrementally_and_survive_a_rewrite(tmp_path: Pa
     assert [r["iteration"] for r in records] == [4, 5] and (following, total) == (6, 6)
     assert index.page(6, 10) == ([], 6, 6)
     # A resume rewrites the file (atomically: a new inode) with fewer records: the index starts again.
-    from palomino.runs.checkpoints import atomic_write
+    from palomino.io import atomic_write
 
     atomic_write(path, b'{"cell": [0, 0], "iteration": 0}\n')
     assert index.page(0, 10) == ([{"cell": [0, 0], "iteration": 0}], 1, 1)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from palomino.io import atomic_write
 
 if TYPE_CHECKING:  # torch is imported lazily: the orchestrator stores checkpoints as bytes, torch-free
     import torch
@@ -22,15 +23,6 @@ if TYPE_CHECKING:  # torch is imported lazily: the orchestrator stores checkpoin
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^iter-(\d+)\.json$")
 FORMAT = 1
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _meta_digest(meta: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from palomino.config import ExperimentConfig, dump_config, load_config
 from palomino.errors import ConfigError
 from palomino.grid import Coord, Topology
-from palomino.runs.checkpoints import atomic_write
+from palomino.io import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from palomino.runs.checkpoints import atomic_write
+from palomino.io import atomic_write
 from palomino.runs.directory import RunDirectory
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from torch import nn
 from palomino.config import DataConfig
 from palomino.data import Dataset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
-from palomino.runs.checkpoints import atomic_write, encode_tensors
+from palomino.io import atomic_write
+from palomino.runs.checkpoints import encode_tensors
 
 log = logging.getLogger(__name__)
 FORMAT = 1

@@ -149,16 +149,16 @@ def _as_safetensors(weights: Path, cache_dir: Path | None) -> Path:
     """A .safetensors file of `weights`: itself, or a copy converted once into the cache (tensors only, no pickle)."""
     if weights.suffix == ".safetensors":
         return weights
-    from safetensors.torch import save_file
+    from safetensors.torch import save
+
+    from palomino.io import atomic_write
 
     folder = scoring_cache_dir(cache_dir) / "weights"
     folder.mkdir(parents=True, exist_ok=True)
     converted = folder / f"{weights.stem}-{file_digest(weights)[:16]}.safetensors"
     if not converted.exists():
         state = torch.load(weights, map_location="cpu", weights_only=True)
-        tmp = converted.with_name(f".{converted.name}.tmp")
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
-        os.replace(tmp, converted)
+        atomic_write(converted, save({k: v.contiguous() for k, v in state.items()}))
     return converted
 
 

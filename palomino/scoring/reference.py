@@ -13,17 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from palomino.data import Dataset
-from palomino.runs.checkpoints import atomic_write
+from palomino.io import atomic_write
 from palomino.scoring.extractors import FeatureExtractor
 
 log = logging.getLogger(__name__)
@@ -121,9 +120,7 @@ def reference_statistics(
         counts, source = torch.bincount(logits.argmax(1), minlength=classes), "predictions"
     distribution = counts.double() / counts.sum()
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{key}.{os.getpid()}.tmp"
-    save_file({"features": features.contiguous(), "class_distribution": distribution}, str(tmp))
-    os.replace(tmp, path)
+    atomic_write(path, save({"features": features.contiguous(), "class_distribution": distribution}))
     meta = {
         "format": FORMAT,
         "key": key,

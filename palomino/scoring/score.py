@@ -25,7 +25,7 @@ import torch
 from palomino.config import DataConfig
 from palomino.data import Dataset, class_subset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
-from palomino.runs.checkpoints import atomic_write
+from palomino.io import atomic_write
 from palomino.runs.directory import finite_json
 from palomino.runs.mixture import ClassMixture, Mixture
 from palomino.runs.result import CLASS_MIXTURE

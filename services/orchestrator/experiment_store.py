@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from palomino.runs.checkpoints import atomic_write
+from palomino.io import atomic_write
 from palomino.runs.result import CellResult, save_encoded
 
 log = logging.getLogger(__name__)

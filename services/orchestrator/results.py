@@ -53,7 +53,7 @@ def record_score(folder: Path, result: ScoreResult) -> None:
     plus "periodic": {"r-c@iteration": ...} for `scoring.every`. A failed job's entry is {"error": ...}."""
     import json
 
-    from palomino.runs.checkpoints import atomic_write
+    from palomino.io import atomic_write
 
     path = folder / "scores.json"
     try:
