@@ -189,10 +189,19 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
     from palomino.transport.control import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
     from palomino.transport.rabbitmq import routing_key
     from palomino.transport.score_queue import score_queue_name
+    from palomino.transport.signing import MessageKey
 
     port, namespace = free_port(), f"sec-up-{secrets.token_hex(3)}"
     config = tiny(name="attacked", training={"iterations": 25, "batches_per_iteration": 20})
-    env = {**cli_env(), "PALOMINO_ORCHESTRATOR_TOKEN": TOKEN, "PALOMINO_NAMESPACE": namespace}
+    # A message key known here: the nested bodies below are sent both signed (they reach the
+    # decoders, which must bound their depth) and unsigned (refused before any decoding).
+    message_key = secrets.token_hex(16)
+    env = {
+        **cli_env(),
+        "PALOMINO_ORCHESTRATOR_TOKEN": TOKEN,
+        "PALOMINO_NAMESPACE": namespace,
+        "PALOMINO_MESSAGE_KEY": message_key,
+    }
     up = subprocess.Popen(cli_command("up", write_yaml(tmp_path / "ring.yaml", config), "--cells", "4", "--port", str(port), "--out", tmp_path / "runs"),
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -226,7 +235,8 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
         ]
         for exchange, key in targets:  # events are bare JSON; everything else is framed
             one = nested[8:] if exchange == EVENTS_EXCHANGE else nested
-            asyncio.run(raw_publish([one] * 20, key, exchange=exchange))
+            asyncio.run(raw_publish([one] * 10, key, exchange=exchange))
+            asyncio.run(signed_publish(one, 10, key, exchange, MessageKey(message_key)))
 
         out, err = up.communicate(timeout=400)
         assert up.returncode == 0, err[-3000:]
@@ -234,9 +244,21 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
         assert (run_dir / "result" / "mixture.safetensors").is_file()
         assert json.loads((run_dir / "orchestrator.json").read_text())["state"] == "finished"
         logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "runs" / ".up-logs").rglob("*.log"))
-        assert "nested deeper than 64" in logs and "Traceback" not in logs
+        assert "nested deeper than 64" in logs and "unsigned message" in logs and "Traceback" not in logs
     finally:
         stop_processes([up])
+
+
+async def signed_publish(body: bytes, times: int, key: str, exchange: str, signer) -> None:
+    """`body` signed with the stack's message key, as an insider (or a bug) would send it."""
+    import aio_pika
+
+    connection = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
+    async with connection:
+        channel = await connection.channel()
+        target = channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)
+        for _ in range(times):
+            await target.publish(aio_pika.Message(body, headers=signer.sign(key, body)), routing_key=key)
 
 
 def nested_json_body(levels: int = 5000) -> bytes:
