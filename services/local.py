@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from palomino.services.common.client import OrchestratorClient
-from palomino.services.common.settings import ServiceSettings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from palomino.errors import PalominoError
+from palomino.services.common.client import OrchestratorClient
+from palomino.services.common.settings import ServiceSettings
 
 
 def free_port() -> int:

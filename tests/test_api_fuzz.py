@@ -17,9 +17,10 @@ import pytest
 import schemathesis
 from conftest import cli_command, cli_env, palomino, tiny, write_yaml
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
 from palomino.services.common.client import OrchestratorClient
 from palomino.services.local import free_port, stop_processes
-from schemathesis.specs.openapi.checks import response_schema_conformance
 
 pytestmark = pytest.mark.slow
 TOKEN = secrets.token_hex(16)

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import REPO, cli_env, last_line, palomino, tiny, write_yaml
+
+from palomino.errors import ConfigError
 from palomino.services.common.runfiles import JsonlIndex, RunFiles, RunsFolder
 from palomino.services.dashboard import create_app, dashboard_settings
 from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event
 from palomino.services.dashboard.history import CombinedHistory, OrchestratorHistory, RunsHistory
-
-from palomino.errors import ConfigError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CELLS = {"0-0", "0-1", "1-0", "1-1"}
@@ -209,12 +209,11 @@ async def test_orchestrator_down_is_a_503_naming_it_and_runs_still_answer(finish
 
 def orchestrator_app_holding(run: Path):
     """The orchestrator's real HTTP app holding `run` as one of its experiments (not started: no broker needed)."""
+    from palomino.config import load_config
+    from palomino.runs.directory import RunDirectory
     from palomino.services.common.settings import ServiceSettings
     from palomino.services.orchestrator.api import create_app as orchestrator_app
     from palomino.services.orchestrator.experiment import Experiment
-
-    from palomino.config import load_config
-    from palomino.runs.directory import RunDirectory
 
     app = orchestrator_app(ServiceSettings(), run.parent)
     app.state.orchestrator.experiments[run.name] = Experiment(

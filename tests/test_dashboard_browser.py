@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
 from palomino.services.common.client import OrchestratorClient
 from palomino.services.local import free_port, stop_processes
 

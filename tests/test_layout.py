@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_env
+
 from palomino.services.local import free_port, stop_processes
 
 SERVICES = ("orchestrator", "cell", "scorer", "dashboard")

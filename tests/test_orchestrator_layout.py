@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from palomino.services.common.settings import ServiceSettings
-from palomino.services.orchestrator.experiment import Experiment, Worker
-from palomino.services.orchestrator.service import Orchestrator
-
 from palomino.config.models import ExperimentConfig
 from palomino.grid import Coord, Topology
 from palomino.runs.directory import RunDirectory
+from palomino.services.common.settings import ServiceSettings
+from palomino.services.orchestrator.experiment import Experiment, Worker
+from palomino.services.orchestrator.service import Orchestrator
 from palomino.wire.control import Done, Resize
 
 
@@ -210,10 +209,9 @@ def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: P
 def test_an_experiment_is_re_adopted_from_what_it_saved(tmp_path: Path) -> None:
     import json
 
-    from palomino.services.orchestrator.experiment_store import read_states, write_collected
-
     from palomino.grid.partition import partition_grid
     from palomino.runs.result import CellResult
+    from palomino.services.orchestrator.experiment_store import read_states, write_collected
 
     _orchestrator, experiment = running_2x2(tmp_path)
     experiment.partition = partition_grid([0, 1], (1, 2))

@@ -218,7 +218,6 @@ def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tupl
     assert serial["workers"] == 1 and metrics_of(serial) == metrics_of(report)
     # What the scorer service does with a cell's final (or periodic) job: the same, against the cell's class.
     from palomino.services.scorer.service import score_job
-
     from palomino.wire.score import ScoreJob
 
     folder = run / "result" / "cells" / "1-0"

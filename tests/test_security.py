@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import palomino, tiny
 from fastapi.testclient import TestClient
+
 from palomino.services.common.settings import ServiceSettings
 from palomino.services.orchestrator.api import MAX_CONFIG_BYTES, create_app
 
@@ -150,6 +151,7 @@ def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> Non
     import subprocess
 
     from conftest import cli_command, cli_env
+
     from palomino.services.common.client import OrchestratorClient
     from palomino.services.local import free_port, stop_processes
 
@@ -183,9 +185,9 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
 
     import httpx
     from conftest import cli_command, cli_env, raw_publish, write_yaml
-    from palomino.services.local import free_port, stop_processes
 
     from palomino.grid import Coord
+    from palomino.services.local import free_port, stop_processes
     from palomino.transport.control import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
     from palomino.transport.rabbitmq import routing_key
     from palomino.transport.score_queue import score_queue_name
@@ -300,7 +302,6 @@ async def test_an_experiments_heartbeat_ttl_ends_with_it(monkeypatch: pytest.Mon
     # A worker that once ran an experiment with heartbeat_ttl 0.001 stayed invisible to every later one.
     from palomino.services.cell.worker import IDLE_TTL, CellWorker
     from palomino.services.common.settings import ServiceSettings
-
     from palomino.wire.control import Assign
 
     worker = CellWorker(ServiceSettings(), "w-ttl")

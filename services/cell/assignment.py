@@ -15,13 +15,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from palomino.services.common.settings import ServiceSettings
-
 from palomino.config import parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid, class_grid_at
+from palomino.services.common.settings import ServiceSettings
 from palomino.transport.control import ControlChannel
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.score_queue import ScoreQueue

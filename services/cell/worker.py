@@ -11,11 +11,10 @@ import uuid
 from contextlib import AsyncExitStack
 from typing import Any
 
-from palomino.services.cell.assignment import Assignment, Links, RestoreError
-from palomino.services.common.settings import ServiceSettings
-
 from palomino.errors import PalominoError
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
+from palomino.services.cell.assignment import Assignment, Links, RestoreError
+from palomino.services.common.settings import ServiceSettings
 from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
 from palomino.wire.control import Assign, Failed, Register, Resize, Stop

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from palomino.services.common.auth import check_token
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from palomino.services.common.auth import check_token
 from palomino.transport.signing import MessageKey
 
 

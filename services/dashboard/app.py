@@ -12,12 +12,13 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, 
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sse_starlette.sse import EventSourceResponse
+
 from palomino.services.common.auth import bearer_guard
 from palomino.services.common.http import unprocessable
 from palomino.services.common.runfiles import valid_cell, valid_experiment_id
 from palomino.services.dashboard.events import EventHub
 from palomino.services.dashboard.history import History, SourceUnavailable
-from sse_starlette.sse import EventSourceResponse
 
 STATIC = resources.files("palomino.services.dashboard") / "static"
 MAX_PAGE = 50_000

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from palomino.services.common.runfiles import EXPERIMENT_ID
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from palomino.services.common.runfiles import EXPERIMENT_ID
 from palomino.wire.frame import MAX_DEPTH, json_depth_ok
 
 log = logging.getLogger(__name__)

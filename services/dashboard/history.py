@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import httpx
-from palomino.services.common.runfiles import RunsFolder, valid_cell, valid_experiment_id
 
 from palomino.errors import PalominoError
+from palomino.services.common.runfiles import RunsFolder, valid_cell, valid_experiment_id
 
 
 class SourceUnavailable(PalominoError):

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+
+from palomino.errors import ConfigError
 from palomino.services.common.runfiles import RunsFolder
 from palomino.services.dashboard.app import create_app
 from palomino.services.dashboard.events import EventHub
 from palomino.services.dashboard.feeds import BrokerFeed, RunsFeed
 from palomino.services.dashboard.history import CombinedHistory, OrchestratorHistory, RunsHistory
 from palomino.services.dashboard.settings import DEFAULT_RUNS, DashboardSettings, dashboard_settings
-
-from palomino.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from palomino.services.common.auth import check_token
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from palomino.errors import ConfigError
+from palomino.services.common.auth import check_token
 
 DEFAULT_RUNS = Path("runs")
 

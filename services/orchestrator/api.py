@@ -9,11 +9,6 @@ from pathlib import Path
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
-from palomino.services.common.auth import bearer_guard
-from palomino.services.common.http import unprocessable
-from palomino.services.common.runfiles import RunFiles, valid_cell
-from palomino.services.common.settings import ServiceSettings
-from palomino.services.orchestrator.service import Orchestrator, TooBusy
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
@@ -21,6 +16,11 @@ from palomino.config import ExperimentConfig, parse_config
 from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.config.footprint import check_data_memory
 from palomino.errors import ConfigError
+from palomino.services.common.auth import bearer_guard
+from palomino.services.common.http import unprocessable
+from palomino.services.common.runfiles import RunFiles, valid_cell
+from palomino.services.common.settings import ServiceSettings
+from palomino.services.orchestrator.service import Orchestrator, TooBusy
 
 MAX_CONFIG_BYTES = 256 * 1024  # an experiment's YAML: a few kB in practice
 MAX_ALIASES = 64

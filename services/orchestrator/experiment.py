@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from palomino.services.orchestrator.experiment_store import read_collected, write_state
-
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, parse_coord
 from palomino.grid.partition import Partition, class_rectangle, partition_grid
 from palomino.runs.directory import LineIndex, RunDirectory
 from palomino.runs.result import CellResult
+from palomino.services.orchestrator.experiment_store import read_collected, write_state
 
 log = logging.getLogger(__name__)
 State = Literal["waiting", "running", "finished", "failed", "stopped"]

@@ -8,12 +8,12 @@ import logging
 import time
 
 from aiormq.exceptions import AMQPError
-from palomino.services.orchestrator.experiment import Experiment, State, class_layout
-from palomino.services.orchestrator.shared import Shared
 
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, rectangle
 from palomino.runs.checkpoints import newest_valid
+from palomino.services.orchestrator.experiment import Experiment, State, class_layout
+from palomino.services.orchestrator.shared import Shared
 from palomino.transport.control import cell_address
 from palomino.transport.rabbitmq import forget_published, newest_published
 from palomino.wire import frame

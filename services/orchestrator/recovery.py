@@ -7,14 +7,13 @@ import asyncio
 import logging
 import time
 
+from palomino.grid import Coord, rectangle, relayout
+from palomino.grid.partition import Partition, class_rectangle
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
 from palomino.services.orchestrator.placement import Placement
 from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
-
-from palomino.grid import Coord, rectangle, relayout
-from palomino.grid.partition import Partition, class_rectangle
 from palomino.transport.control import cell_address
 from palomino.wire.control import Resize
 

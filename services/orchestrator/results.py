@@ -11,15 +11,14 @@ import math
 import time
 from pathlib import Path
 
-from palomino.services.orchestrator.experiment import Experiment
-from palomino.services.orchestrator.experiment_store import write_collected
-from palomino.services.orchestrator.placement import Placement
-from palomino.services.orchestrator.shared import Shared
-
 from palomino.errors import PalominoError
 from palomino.grid import Coord
 from palomino.runs.directory import RunDirectory, finite_json
 from palomino.runs.result import CellResult, grid_components, save_encoded, write_ensemble, write_result
+from palomino.services.orchestrator.experiment import Experiment
+from palomino.services.orchestrator.experiment_store import write_collected
+from palomino.services.orchestrator.placement import Placement
+from palomino.services.orchestrator.shared import Shared
 from palomino.wire.control import Done
 from palomino.wire.score import ScoreJob, ScoreResult
 

@@ -15,6 +15,11 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from palomino.config import ExperimentConfig
+from palomino.errors import PalominoError
+from palomino.grid import Coord
+from palomino.runs.checkpoints import write_checkpoint_bytes
+from palomino.runs.directory import LineIndex, RunDirectory
 from palomino.services.common.settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, TooBusy, Worker
 from palomino.services.orchestrator.experiment_store import read_states
@@ -24,12 +29,6 @@ from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
 from palomino.services.orchestrator.supervision import Supervisor
 from palomino.services.orchestrator.trust import untrusted
-
-from palomino.config import ExperimentConfig
-from palomino.errors import PalominoError
-from palomino.grid import Coord
-from palomino.runs.checkpoints import write_checkpoint_bytes
-from palomino.runs.directory import LineIndex, RunDirectory
 from palomino.transport.control import ControlChannel, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
 from palomino.transport.score_queue import RESULTS_QUEUE, ScoreQueue, score_queue_name

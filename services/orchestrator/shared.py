@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palomino.errors import PalominoError
 from palomino.services.common.settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, Worker
-
-from palomino.errors import PalominoError
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,10 @@ import asyncio
 import logging
 import time
 
+from palomino.errors import PalominoError
 from palomino.services.orchestrator.placement import Placement
 from palomino.services.orchestrator.recovery import Recovery
 from palomino.services.orchestrator.shared import Shared
-
-from palomino.errors import PalominoError
 
 log = logging.getLogger(__name__)
 TICK = 0.5

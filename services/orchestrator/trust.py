@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from palomino.services.orchestrator.experiment import Experiment
-
 from palomino.grid import Coord
+from palomino.services.orchestrator.experiment import Experiment
 from palomino.wire.control import Checkpoint, Metrics, Samples
 
 

@@ -17,9 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from palomino.services.common.settings import ServiceSettings
-
 from palomino.errors import PalominoError
+from palomino.services.common.settings import ServiceSettings
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire.score import ScoreJob, ScoreResult
 
