@@ -30,7 +30,10 @@ def scatter(points: torch.Tensor, reference: torch.Tensor | None = None, size: i
     pts = points.detach().float().cpu().numpy()
     ref = reference.detach().float().cpu().numpy() if reference is not None else np.zeros((0, 2))
     extent = max(float(np.abs(np.concatenate([pts, ref])).max(initial=1.0)) * 1.1, 1e-3)
-    to_px = lambda xy: (xy + extent) / (2 * extent) * (size - 1)  # noqa: E731
+
+    def to_px(xy: np.ndarray) -> np.ndarray:
+        return (xy + extent) / (2 * extent) * (size - 1)
+
     picture = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(picture)
     for x, y in to_px(pts):
