@@ -107,6 +107,24 @@ def wait_for_records(stack: Stack, experiment: str, records: int, timeout: float
         time.sleep(0.2)
 
 
+def wait_for_cell_record(run_dir: Path, cell: str, timeout: float = 120) -> None:
+    """Until metrics.jsonl holds an iteration of `cell` ("r-c")."""
+    deadline = time.monotonic() + timeout
+    while cell not in recorded_cells(run_dir / "metrics.jsonl"):
+        assert time.monotonic() < deadline, f"cell {cell} recorded no iteration in {timeout} s"
+        time.sleep(0.2)
+
+
+def recorded_cells(metrics: Path) -> set[str]:
+    cells = set()
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        try:
+            cells.add("-".join(map(str, json.loads(line)["cell"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line being written
+    return cells
+
+
 def check_finished_run(run_dir: Path, cells: int, iterations: int) -> list[dict]:
     for name in (
         "config.yaml",
@@ -190,6 +208,9 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     summary = wait_for_records(stack, experiment, 6)
     assert summary["state"] == "running"
     victim_cell, victim = sorted(summary["cells"].items())[1]
+    # Six records may all come from the other cells on a loaded machine: the victim must have
+    # published a trained snapshot (it records after publishing) for there to be one to restore.
+    wait_for_cell_record(Path(summary["run_dir"]), victim_cell)
     stack.kill(victim)
     killed_at = time.monotonic()
     while victim in stack.client.experiment(experiment)["cells"].values():
