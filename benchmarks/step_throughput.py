@@ -203,7 +203,7 @@ class Probe:
 
         return wrapper
 
-    MODULE_HOOKS = ("loss_table", "tournament_select", "replace_worst")  # names cell.py imports
+    MODULE_HOOKS = ("loss_table", "neighbourhood_select", "replace")  # names cell.py imports
     CELL_HOOKS = ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score")
 
     @contextlib.contextmanager
@@ -244,11 +244,11 @@ class Probe:
             elif name == "loss_table":
                 out["fitness (all-vs-all)" if table_seen == 0 else "re-evaluation"] += seconds
                 table_seen += 1
-            elif name in ("tournament_select", "clone"):
+            elif name in ("neighbourhood_select", "clone"):
                 out["selection (tournament + clone)"] += seconds
             elif name == "train":
                 out["training (batches)"] += seconds
-            elif name == "replace_worst":
+            elif name == "replace":
                 out["replacement"] += seconds
             elif name == "mixture_score":
                 out["mixture: MMD kernels"] += seconds  # its generate is subtracted below

@@ -9,14 +9,28 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from palomino.errors import ConfigError, PalominoError
+from palomino.errors import ConfigError, PalominoError, describe_validation
+
+if TYPE_CHECKING:  # torch-heavy: the service commands start without them
+    from palomino.config import ExperimentConfig
+    from palomino.data import Dataset
+    from palomino.runs import RunDirectory
+    from palomino.runs.embedded import TrainOutcome
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Coevolutionary GAN training on a toroidal grid.")
 stderr = Console(stderr=True)
@@ -55,101 +69,116 @@ def train(
     ),
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
-    from palomino.config import dump_config, load_config
-    from palomino.data import load_dataset
-    from palomino.io import atomic_write
-    from palomino.runs import RunDirectory
-    from palomino.runs.embedded import train_embedded
-
     listening = _dashboard_socket(dashboard)  # a taken port fails before anything is written
     try:
-        if resume is not None:
-            run = RunDirectory.open(resume)
-            cfg = load_config(run.config_path, overrides)  # the same loader as a CONFIG file: exit 2 naming the problem
-            if overrides:  # e.g. more iterations: the run directory keeps describing the run
-                atomic_write(run.config_path, dump_config(cfg).encode())
-        elif config is None:
-            raise ConfigError("train: give a CONFIG file, or --resume RUN_DIR")
-        else:
-            cfg = load_config(config, overrides)
-        dataset = load_dataset(cfg.data, cfg.seed)
-        if resume is None:
-            out.mkdir(parents=True, exist_ok=True)
-            run = RunDirectory.create(out, cfg)
+        cfg, run, dataset = _prepare_run(config, out, overrides, resume)
     except PalominoError as error:
         raise _fail(error) from None
-
-    total = cfg.cells * cfg.training.iterations
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("best score {task.fields[best]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    latest: dict[str, float] = {}
-
-    with _dashboard_of(run, listening), Progress(*columns, console=stderr, transient=False) as progress:
+    with _dashboard_of(run, listening), Progress(*_PROGRESS_COLUMNS, console=stderr, transient=False) as progress:
         grid = f"{cfg.grid.rows}×{cfg.grid.cols} cells"
         if cfg.partitioned:
             grid = f"{len(cfg.data.labels or ())} classes × {cfg.grid.per_class} cells"
-        task = progress.add_task(grid, total=total, best="–")
-
-        def on_metrics(record: dict) -> None:
-            score = record.get("score")
-            if score is not None and math.isfinite(score):
-                latest["-".join(map(str, record["cell"]))] = score
-            best = f"{min(latest.values()):.4g}" if latest else "–"
-            progress.update(task, advance=1, best=best)
-
-        async def go():
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            main_task = asyncio.current_task()
-
-            def interrupt() -> None:
-                if stop.is_set():  # a second Ctrl-C: stop now, without the final checkpoints
-                    main_task.cancel()
-                stderr.print("[yellow]stopping after this iteration and writing checkpoints… (Ctrl-C again to abort)")
-                stop.set()
-
-            loop.add_signal_handler(signal.SIGINT, interrupt)
-            loop.add_signal_handler(signal.SIGTERM, interrupt)
-            return await train_embedded(
-                cfg,
-                run,
-                dataset,
-                resume=resume is not None,
-                stop=stop,
-                on_metrics=on_metrics,
-                on_restored=lambda done: progress.update(task, completed=done),
-            )
-
+        task = progress.add_task(grid, total=cfg.cells * cfg.training.iterations, best="–")
         try:
-            outcome = asyncio.run(go())
+            outcome = asyncio.run(_train_until_done(cfg, run, dataset, resume is not None, progress, task))
         except PalominoError as error:
             raise _fail(error) from None
         except asyncio.CancelledError:
             stderr.print("aborted")
             print(run.path)
             raise typer.Exit(130) from None
+    _report_outcome(outcome, run.path)
 
+
+_PROGRESS_COLUMNS = (
+    TextColumn("[bold]{task.description}"),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TextColumn("best score {task.fields[best]}"),
+    TimeElapsedColumn(),
+    TimeRemainingColumn(),
+)
+
+
+def _prepare_run(
+    config: Path | None, out: Path, overrides: list[str], resume: Path | None
+) -> tuple[ExperimentConfig, RunDirectory, Dataset]:
+    """(config, run directory, dataset) of a new run, or of the run to resume (with any overrides
+    written into its config.yaml); a PalominoError names what is wrong."""
+    from palomino.config import dump_config, load_config
+    from palomino.data import load_dataset
+    from palomino.io import atomic_write
+    from palomino.runs import RunDirectory
+
+    if resume is not None:
+        run = RunDirectory.open(resume)
+        cfg = load_config(run.config_path, overrides)  # the same loader as a CONFIG file: exit 2 naming the problem
+        if overrides:  # e.g. more iterations: the run directory keeps describing the run
+            atomic_write(run.config_path, dump_config(cfg).encode())
+    elif config is None:
+        raise ConfigError("train: give a CONFIG file, or --resume RUN_DIR")
+    else:
+        cfg = load_config(config, overrides)
+    dataset = load_dataset(cfg.data, cfg.seed)
+    if resume is None:
+        out.mkdir(parents=True, exist_ok=True)
+        run = RunDirectory.create(out, cfg)
+    return cfg, run, dataset
+
+
+async def _train_until_done(
+    cfg: ExperimentConfig, run: RunDirectory, dataset: Dataset, resume: bool, progress: Progress, task: TaskID
+) -> TrainOutcome:
+    """The embedded training, the progress bar following it; Ctrl-C (or SIGTERM) stops after the
+    current iteration with checkpoints, a second one at once."""
+    from palomino.grid import cell_name
+    from palomino.runs.embedded import train_embedded
+
+    stop = asyncio.Event()
+    main_task = asyncio.current_task()
+    latest: dict[str, float] = {}
+
+    def interrupt() -> None:
+        if stop.is_set():  # a second Ctrl-C: stop now, without the final checkpoints
+            main_task.cancel()
+        stderr.print("[yellow]stopping after this iteration and writing checkpoints… (Ctrl-C again to abort)")
+        stop.set()
+
+    def on_metrics(record: dict) -> None:
+        score = record.get("score")
+        if score is not None and math.isfinite(score):
+            latest[cell_name(record["cell"])] = score
+        progress.update(task, advance=1, best=f"{min(latest.values()):.4g}" if latest else "–")
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    loop.add_signal_handler(signal.SIGTERM, interrupt)
+    return await train_embedded(
+        cfg,
+        run,
+        dataset,
+        resume=resume,
+        stop=stop,
+        on_metrics=on_metrics,
+        on_restored=lambda done: progress.update(task, completed=done),
+    )
+
+
+def _report_outcome(outcome: TrainOutcome, run_path: Path) -> None:
+    """What the run reached, on stderr; the run directory last, on stdout (exit 130 when stopped)."""
     if outcome.finished and outcome.classes is not None:
         per_class = ", ".join(f"{label}: {score:.4g} (cell {cell})" for label, (cell, score) in outcome.classes.items())
         stderr.print(
             f"class mixture of {len(outcome.classes)} classes; best MMD² per class: {per_class}", highlight=False
         )
-        print(run.path)
+    elif outcome.finished and outcome.best_cell == "grid":
+        stderr.print(f"result: the whole grid's ensemble, held-out score {outcome.best_score:.4g}", highlight=False)
     elif outcome.finished:
-        if outcome.best_cell == "grid":
-            stderr.print(f"result: the whole grid's ensemble, held-out score {outcome.best_score:.4g}", highlight=False)
-        else:
-            stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
-        print(run.path)
+        stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
     else:
-        stderr.print(f"stopped; checkpoints written. Continue with: palomino train --resume {run.path}")
-        print(run.path)
+        stderr.print(f"stopped; checkpoints written. Continue with: palomino train --resume {run_path}")
+    print(run_path)
+    if not outcome.finished:
         raise typer.Exit(130)
 
 
@@ -199,16 +228,17 @@ def sample(
     """Draw N samples from the run's best mixture, weights respected (a partitioned run's: the class mixture)."""
     import numpy as np
 
-    from palomino.runs import Mixture
+    from palomino.runs import Mixture, RunDirectory
     from palomino.runs.images import picture_of
 
     suffix = out.suffix.lower()
     if suffix not in {".npy", ".png"}:
         raise _fail(ConfigError(f"--out {out}: use a .npy or .png file name"))
-    if not (run_dir / "config.yaml").is_file():  # a usage error, as `score` says it
+    run = RunDirectory(run_dir)
+    if not run.is_run():  # a usage error, as `score` says it
         raise _fail(ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)"))
     try:
-        mixture = Mixture.load(run_dir / "result")
+        mixture = Mixture.load(run.result_dir)
     except PalominoError as error:
         raise _fail(error) from None
     try:
@@ -244,9 +274,8 @@ def _settings(
             )
         return settings
     except ValidationError as error:
-        first = error.errors()[0]
-        name = "PALOMINO_" + str(first["loc"][0]).upper() if first["loc"] else "PALOMINO_*"
-        raise _fail(ConfigError(f"{name}: {first['msg'].removeprefix('Value error, ')}")) from None
+        message = describe_validation(error, lambda field: "PALOMINO_" + field.upper(), show_input=False)
+        raise _fail(ConfigError(message)) from None
     except ValueError as error:
         raise _fail(ConfigError(str(error))) from None
 
@@ -525,15 +554,16 @@ def score(
     ),
 ) -> None:
     """Score the run's best mixture and every cell's neighbourhood mixture; writes scores.json (printed last)."""
-    from palomino.config import load_config
+    # Long only by its options' declarations: the body is the next 25 lines.
+    from palomino.runs import RunDirectory
     from palomino.scoring import ScoringOptions, parse_metrics, score_run
     from palomino.scoring.report import scores_table
 
+    run = RunDirectory(run_dir)
     try:
-        config_path = run_dir / "config.yaml"
-        if not config_path.is_file():
+        if not run.is_run():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)")
-        config = load_config(config_path)
+        config = run.load_config()
         options = ScoringOptions.build(
             config.scoring,
             metrics=parse_metrics(metrics),
@@ -551,7 +581,7 @@ def score(
     except PalominoError as error:
         raise _fail(error) from None
     Console(soft_wrap=True).print(scores_table(report))
-    print(run_dir / "scores.json")
+    print(run.scores_path)
 
 
 classifier_app = typer.Typer(
@@ -589,7 +619,8 @@ def classifier_train(
     try:
         config = DataConfig(name=data, dir=data_dir)
     except ValidationError as error:
-        raise _fail(ConfigError(f"--data {data}: {error.errors()[0]['msg']}")) from None
+        flags = {"name": f"--data {data}", "dir": "--data-dir"}
+        raise _fail(ConfigError(describe_validation(error, lambda field: flags.get(field, field)))) from None
 
     def on_epoch(epoch: int, total: int, loss: float) -> None:
         stderr.print(f"epoch {epoch}/{total}: loss {loss:.4f}", highlight=False)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from palomino.errors import PalominoError
+from palomino.runs.directory import RunDirectory
 from palomino.services.common.client import OrchestratorClient
 from palomino.services.common.settings import ServiceSettings
 
@@ -80,7 +81,7 @@ def summarise_scores(entry: dict[str, Any]) -> str:
 
 def wait_for_scores(run_dir: Path, targets: int, timeout: float) -> dict[str, Any]:
     """scores.json once it holds `targets` final results (or whatever it holds after `timeout`)."""
-    path = Path(run_dir) / "scores.json"
+    path = RunDirectory(run_dir).scores_path
     deadline = time.monotonic() + timeout
     scores: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -116,33 +117,12 @@ def run_up(
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     logs = Path(out) / ".up-logs" / time.strftime("%Y%m%d-%H%M%S")
-    # Its own namespace: another stack on the same broker (another `up`, a deployment) never sees its messages.
-    namespace = settings.namespace or f"up-{port}-{os.getpid()}"
-    # PALOMINO_ORCHESTRATOR_TOKEN when set, else one made for this stack alone: its API is never open.
-    token = settings.token or secrets.token_urlsafe(32)
-    # Likewise the key that signs its services' messages: nothing else on the broker can speak for them.
-    key = settings.message_key.get_secret_value() if settings.message_key else secrets.token_urlsafe(32)
-    env = {
-        **os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url,
-        "PALOMINO_NAMESPACE": namespace, "PALOMINO_ORCHESTRATOR_TOKEN": token, "PALOMINO_MESSAGE_KEY": key,
-        # Its own experiment's data folder is allowed: the user who runs `up` chose it.
-        "PALOMINO_DATA_ROOTS": _roots_with(settings.data_roots, (yaml.safe_load(config_yaml) or {}).get("data", {}).get("dir")),
-    }  # fmt: skip
+    env, token = _stack_environment(settings, config_yaml, port)
     orchestrator = _spawn(["orchestrator", "--runs", str(out), "--port", str(port)], logs / "orchestrator.log", env)
     workers: list[subprocess.Popen] = []
     try:
         client = OrchestratorClient(url, token=token)
-        deadline = time.monotonic() + 60
-        while not client.healthy():
-            if orchestrator.poll() is not None:
-                raise PalominoError(
-                    f"the orchestrator exited (code {orchestrator.returncode}); see {logs / 'orchestrator.log'}"
-                )
-            if time.monotonic() > deadline:
-                raise PalominoError(
-                    f"the orchestrator did not answer on {url} within 60 s; see {logs / 'orchestrator.log'}"
-                )
-            time.sleep(0.3)
+        _wait_until_healthy(client, orchestrator, url, logs)
         prefix = f"up{port}"
         for i in range(cells + spares):
             workers.append(_spawn(["cell", "--worker-id", f"{prefix}-{i}"], logs / f"cell-{i}.log", env))
@@ -150,40 +130,81 @@ def run_up(
             workers.append(_spawn(["scorer", "--name", f"{prefix}-scorer-{i}"], logs / f"scorer-{i}.log", env))
         experiment = client.submit(config_yaml)["id"]
         console.print(f"experiment {experiment}: {cells} cells + {spares} spares; logs in {logs}", highlight=False)
-        columns = (
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[state]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console) as progress:
-            task = progress.add_task("cell-iterations", total=None, state="waiting")
-
-            def on_poll(summary: dict[str, Any]) -> None:
-                total = len(summary["cells"]) * summary["iterations"] or None
-                epoch = f", epoch {summary['epoch']}" if summary["epoch"] else ""
-                progress.update(task, total=total, completed=summary["records"], state=summary["state"] + epoch)
-
-            summary = client.wait(experiment, on_poll=on_poll)
+        summary = _follow(client, experiment, console)
         if summary["state"] != "finished":
             console.print(f"experiment {experiment} {summary['state']}: {summary['reason']}", highlight=False)
         elif scorers and yaml.safe_load(config_yaml).get("scoring", {}).get("final", True):
-            # The best mixture and every cell's: the scorers' results land in scores.json.
-            targets = len(summary["cells"]) + ("classes" not in summary)  # partitioned: no single best mixture
-            with console.status(f"scoring {targets} mixtures"):
-                scores = wait_for_scores(Path(summary["run_dir"]), targets, score_timeout)
-            best = scores.get("best")
-            if "classes" in summary:
-                console.print(
-                    f"{len(scores.get('cells', {}))} cells scored; the class mixture: palomino score {summary['run_dir']}",
-                    highlight=False,
-                )
-            elif best is None:
-                console.print(f"no score arrived within {score_timeout:.0f} s; see {logs}", highlight=False)
-            else:
-                console.print(f"best mixture: {summarise_scores(best)}", highlight=False)
+            _report_scores(summary, console, logs, score_timeout)
         return summary
     finally:
         stop_processes(workers)
         stop_processes([orchestrator])
+
+
+def _stack_environment(settings: ServiceSettings, config_yaml: str, port: int) -> tuple[dict[str, str], str]:
+    """The stack's environment and its API token. Its own namespace: another stack on the same broker
+    (another `up`, a deployment) never sees its messages."""
+    namespace = settings.namespace or f"up-{port}-{os.getpid()}"
+    # PALOMINO_ORCHESTRATOR_TOKEN when set, else one made for this stack alone: its API is never open.
+    token = settings.token or secrets.token_urlsafe(32)
+    # Likewise the key that signs its services' messages: nothing else on the broker can speak for them.
+    key = settings.message_key.get_secret_value() if settings.message_key else secrets.token_urlsafe(32)
+    data_dir = (yaml.safe_load(config_yaml) or {}).get("data", {}).get("dir")
+    env = {
+        **os.environ, "PALOMINO_BROKER_URL": settings.broker_url, "PALOMINO_REDIS_URL": settings.redis_url,
+        "PALOMINO_NAMESPACE": namespace, "PALOMINO_ORCHESTRATOR_TOKEN": token, "PALOMINO_MESSAGE_KEY": key,
+        # Its own experiment's data folder is allowed: the user who runs `up` chose it.
+        "PALOMINO_DATA_ROOTS": _roots_with(settings.data_roots, data_dir),
+    }  # fmt: skip
+    return env, token
+
+
+def _wait_until_healthy(client: OrchestratorClient, orchestrator: subprocess.Popen, url: str, logs: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not client.healthy():
+        if orchestrator.poll() is not None:
+            raise PalominoError(
+                f"the orchestrator exited (code {orchestrator.returncode}); see {logs / 'orchestrator.log'}"
+            )
+        if time.monotonic() > deadline:
+            raise PalominoError(
+                f"the orchestrator did not answer on {url} within 60 s; see {logs / 'orchestrator.log'}"
+            )
+        time.sleep(0.3)
+
+
+def _follow(client: OrchestratorClient, experiment: str, console: Console) -> dict[str, Any]:
+    """The experiment's summary once it ends, a progress bar of its cell-iterations meanwhile."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("cell-iterations", total=None, state="waiting")
+
+        def on_poll(summary: dict[str, Any]) -> None:
+            total = len(summary["cells"]) * summary["iterations"] or None
+            epoch = f", epoch {summary['epoch']}" if summary["epoch"] else ""
+            progress.update(task, total=total, completed=summary["records"], state=summary["state"] + epoch)
+
+        return client.wait(experiment, on_poll=on_poll)
+
+
+def _report_scores(summary: dict[str, Any], console: Console, logs: Path, score_timeout: float) -> None:
+    """The best mixture and every cell's: the scorers' results land in scores.json."""
+    targets = len(summary["cells"]) + ("classes" not in summary)  # partitioned: no single best mixture
+    with console.status(f"scoring {targets} mixtures"):
+        scores = wait_for_scores(Path(summary["run_dir"]), targets, score_timeout)
+    best = scores.get("best")
+    if "classes" in summary:
+        console.print(
+            f"{len(scores.get('cells', {}))} cells scored; the class mixture: palomino score {summary['run_dir']}",
+            highlight=False,
+        )
+    elif best is None:
+        console.print(f"no score arrived within {score_timeout:.0f} s; see {logs}", highlight=False)
+    else:
+        console.print(f"best mixture: {summarise_scores(best)}", highlight=False)

@@ -221,3 +221,42 @@ def test_cli_resume_of_a_non_run_directory(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "not a run directory" in lines[0], result.stderr
+
+
+# ---- the reference in docs/configuration.md -----------------------------------------------------
+
+
+def test_the_docs_reference_is_the_schemas() -> None:
+    """docs/configuration.md's key table is generated from the models: an edit to either shows here."""
+    from palomino.config import reference
+
+    text = reference.DOC.read_text()
+    assert reference.rewrite(text) == text, "run: python -m palomino.config.reference --write"
+
+
+def test_every_key_is_described_and_every_size_bounded() -> None:
+    from palomino.config import reference
+
+    entries = reference.entries()
+    assert len(entries) > 60
+    assert [e.key for e in entries if not e.description] == []
+    numeric = [e for e in entries if e.allowed.startswith(("integer", "number", "[", "list of"))]
+    unbounded = [e.key for e in numeric if not {"≤", "<", "entries"} & set(e.allowed.split())]
+    assert unbounded == []
+
+
+def test_the_reference_shows_defaults_choices_and_bounds() -> None:
+    from palomino.config import reference
+
+    table = {e.key: e for e in reference.entries()}
+    assert table["training.losses"].default == '["nonsaturating"]'  # a default_factory's value
+    assert table["training.batch_size"].allowed == "integer ≥ 1, ≤ 65,536"
+    assert table["data.image_size"].allowed == "integer ≥ 8, ≤ 1,024 or none"
+    assert table["grid.neighbourhood"].allowed == '"von_neumann", "moore"'
+    assert table["training.adam_betas"].allowed == "[number ≥ 0, < 1, number ≥ 0, < 1]"
+    assert "3.2 GB" in table["training.batch_size"].cost
+
+
+def test_an_adam_beta_of_one_is_refused() -> None:
+    with pytest.raises(ConfigError, match="adam_betas"):
+        parse_config({"training": {"adam_betas": [0.5, 1.0]}})

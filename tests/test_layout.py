@@ -102,3 +102,36 @@ def test_the_torch_free_services_start_and_answer_without_torch(name: str, tmp_p
         stop_processes([process])
         log.close()
     assert "No module named 'torch'" not in (tmp_path / "log.txt").read_text()
+
+
+def test_a_partitioned_result_is_written_without_torch(tmp_path: Path) -> None:
+    """The orchestrator writes a partitioned run's result/ itself, tiling the classes' pictures:
+    with torch unimportable (its image has none), as in test_the_torch_free_services_start…"""
+    script = """
+import io, sys
+sys.modules['torch'] = sys.modules['torchmetrics'] = None
+from pathlib import Path
+from PIL import Image
+from palomino.runs.directory import RunDirectory
+from palomino.runs.result import CellResult, write_class_result
+
+def png(colour, size):
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+run = RunDirectory(Path(sys.argv[1]))
+results = [
+    CellResult(f"{label}-0", 0.1, [f"{label}-0"], [1.0], b"", {"class": label, "class_count": 5}, png(colour, size))
+    for label, colour, size in ((0, "red", (30, 20)), (1, "blue", (20, 30)))
+]
+write_class_result(run, results, [0, 1])
+print(Image.open(Path(sys.argv[1]) / "result" / "samples.png").size)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "(68, 30)"  # two 30×30 tiles, 8 px apart, on white
+    # …and its image installs Pillow for it.
+    assert "pillow>=10" in (REPO / "services" / "orchestrator" / "requirements.txt").read_text().splitlines()

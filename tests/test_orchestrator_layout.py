@@ -104,25 +104,30 @@ def test_supervision_backs_off_while_redis_refuses(tmp_path: Path) -> None:
 def test_metrics_pages_are_read_incrementally_and_survive_a_rewrite(tmp_path: Path) -> None:
     import json
 
-    from palomino.runs.directory import LineIndex
+    from palomino.services.common.runfiles import RunFiles
+
+    def page(since: int, limit: int) -> tuple[list[dict], int, int]:  # what the API's metrics page holds
+        got = files.metrics_page(since, limit)
+        assert got["since"] == since
+        return got["records"], got["next"], got["total"]
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(
         "".join(json.dumps({"cell": [0, 0], "iteration": i}) + "\n" for i in range(5)) + '{"cell": [0, 0], "iter'
     )
-    index = LineIndex(path)
-    records, following, total = index.page(0, 2)
+    files = RunFiles(tmp_path)  # the orchestrator keeps one per experiment (Experiment.files)
+    records, following, total = page(0, 2)
     assert [r["iteration"] for r in records] == [0, 1] and (following, total) == (2, 5)  # the torn line waits
     with open(path, "a") as handle:
         handle.write('ation": 5}\n')
-    records, following, total = index.page(4, 100)
+    records, following, total = page(4, 100)
     assert [r["iteration"] for r in records] == [4, 5] and (following, total) == (6, 6)
-    assert index.page(6, 10) == ([], 6, 6)
+    assert page(6, 10) == ([], 6, 6)
     # A resume rewrites the file (atomically: a new inode) with fewer records: the index starts again.
     from palomino.io import atomic_write
 
     atomic_write(path, b'{"cell": [0, 0], "iteration": 0}\n')
-    assert index.page(0, 10) == ([{"cell": [0, 0], "iteration": 0}], 1, 1)
+    assert page(0, 10) == ([{"cell": [0, 0], "iteration": 0}], 1, 1)
 
 
 def test_a_result_moved_by_a_shrink_still_gives_its_own_generator_to_the_grid_ensemble() -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam β: 1 or more never forgets, and diverges
 LossName = Literal["minimax", "nonsaturating", "mse", "wgan_gp"]
 # Old loss names, refused with the new ones: Palomino's "bce" was the saturating game, though
 # Lipizzaner's BCE is the non-saturating one.
@@ -55,10 +56,23 @@ class _QuietNewKeys(_Strict):
 
 
 class GridConfig(_QuietNewKeys):
-    rows: int = Field(3, ge=1, le=1024)
-    cols: int = Field(3, ge=1, le=1024)
-    neighbourhood: Literal["von_neumann", "moore"] = "von_neumann"
-    per_class: str = Field("1x1", description="data.partition=labels: each class's sub-grid, RxC")
+    rows: int = Field(
+        3,
+        ge=1,
+        le=1024,
+        description="rows of the torus",
+        json_schema_extra={"cost": "the cells are workers: the grid is bounded by who runs it"},
+    )
+    cols: int = Field(3, ge=1, le=1024, description="columns of the torus")
+    neighbourhood: Literal["von_neumann", "moore"] = Field(
+        "von_neumann",
+        description="von_neumann: N, S, W, E; moore: the 8 around (fewer on small grids, where offsets coincide)",
+    )
+    per_class: str = Field(
+        "1x1",
+        description="with data.partition: labels, each class's sub-grid, RxC; the grid is then classes·R × C "
+        "(leave grid.rows and grid.cols out) — see partitioned.md",
+    )
     _quiet: ClassVar[tuple[str, ...]] = ("per_class",)
 
     @field_validator("per_class")
@@ -77,22 +91,29 @@ class GridConfig(_QuietNewKeys):
 
 class FitnessConfig(_Strict):
     sample_size: int = Field(
-        100, ge=1, le=100_000, description="samples each generator/discriminator pair is evaluated on"
+        100,
+        ge=1,
+        le=100_000,
+        description="samples each generator–discriminator pair is evaluated on",
+        json_schema_extra={"cost": "samples held at once for evaluation"},
     )
-    mode: Literal["average", "best", "worst"] = "average"
+    mode: Literal["average", "best", "worst"] = Field(
+        "average",
+        description="an individual's fitness: the average, best or worst of its losses against the neighbourhood",
+    )
 
 
 class MixtureConfig(_Strict):
     sigma: float = Field(0.01, gt=0, le=10, description="std of the (1+1)-ES Gaussian step on mixture weights")
     score_samples: int = Field(
-        256, ge=10, le=100_000, description="samples drawn per iteration for the in-cell mixture score (kernel MMD)"
+        256, ge=10, le=100_000, description="samples drawn per iteration for the in-cell mixture score (kernel MMD²)"
     )
-    es_steps: int = Field(1, ge=0, le=10_000, description="(1+1)-ES steps per iteration")
+    es_steps: int = Field(1, ge=0, le=10_000, description="(1+1)-ES proposals on the mixture weights per iteration")
 
 
 class MutationConfig(_Strict):
     probability: float = Field(0.5, ge=0, le=1, description="chance a learning rate mutates at a step")
-    alpha: float = Field(0.0001, ge=0, le=1, description="scale of the Gaussian learning-rate step")
+    alpha: float = Field(0.0001, ge=0, le=1, description="learning-rate step: lr += alpha · N(−lr₀/10, lr₀)")
 
 
 class EnsembleConfig(_Strict):
@@ -100,7 +121,9 @@ class EnsembleConfig(_Strict):
 
     scope: Literal["grid", "neighbourhood"] = Field(
         "grid",
-        description="grid: optimise a mixture over all cells' generators; neighbourhood: the best cell's mixture",
+        description="the run's result. grid: a mixture over every cell's generator, optimised after training (greedy "
+        "forward selection with removal, then a (1+1)-ES); neighbourhood: the best cell's neighbourhood mixture. "
+        "Conditional and partitioned runs use neighbourhood",
     )
     es_steps: int = Field(200, ge=0, le=100_000, description="(1+1)-ES steps on the weights after greedy selection")
     sigma: float = Field(0.02, gt=0, le=10, description="std of the ES's Gaussian step on the weights")
@@ -111,8 +134,9 @@ class EnsembleConfig(_Strict):
         0.0,
         ge=0,
         le=0.5,
-        description="sample through the cells' discriminators: keep a generated sample when their mean logit is at "
-        "least that of this quantile of real data (0: off; 0.05 rejects 5 % of real data)",
+        description="sample the grid's ensemble through the cells' discriminators: keep a generated sample when their "
+        "mean logit is at least that of this quantile of real data (0.05: the critics would reject 5 % of real data); "
+        "0 = off. See engine.md, 'Sampling through the discriminators'",
     )
 
 
@@ -123,44 +147,83 @@ class SelectionConfig(_Strict):
         1.0,
         ge=0,
         le=1,
-        description="chance per iteration that neighbours take part in the tournament (1 = always, Lipizzaner)",
+        description="chance per iteration that the neighbours' individuals enter the tournament (1 = always, as in "
+        "Lipizzaner); otherwise the cell selects among its own, which keeps lineages apart",
     )
     margin: float = Field(
-        0.0, ge=0, description="a neighbour's individual must be fitter than the local one by more than this to win"
+        0.0,
+        ge=0,
+        le=1_000,
+        description="a neighbour's individual counts this much worse in the tournament: it replaces the cell's own "
+        "lineage only when clearly fitter",
     )
     replacement: Literal["elitist", "generational"] = Field(
         "elitist",
-        description="elitist: the worst local individuals give way to the best trained ones; generational: the trained ones replace all",
+        description="elitist: the `replacements` worst local individuals give way to the best trained ones; "
+        "generational ((μ,λ)): the trained offspring replace the whole local population",
     )
 
 
 class TrainingConfig(_Strict):
-    iterations: int = Field(50, ge=1, le=10_000_000)
-    batch_size: int = Field(100, ge=1, le=65_536)
-    batches_per_iteration: int = Field(0, ge=0, le=1_000_000, description="0 = one pass over the whole dataset")
-    population_size: int = Field(1, ge=1, le=64)
-    tournament_size: int = Field(2, ge=1, le=64)
-    replacements: int = Field(1, ge=0, le=64, description="worst local individuals replaced by the best new ones")
-    learning_rate: float = Field(0.0002, gt=0, le=1)
-    adam_betas: tuple[float, float] = (0.5, 0.999)
-    losses: list[LossName] = Field(default_factory=lambda: ["nonsaturating"], min_length=1, max_length=8)
-    n_critic: int = Field(5, ge=1, le=100, description="discriminator steps per generator step with wgan_gp")
-    discriminator_skip_each_nth_step: int = Field(0, ge=0, le=1_000)
+    iterations: int = Field(50, ge=1, le=10_000_000, description="iterations per cell")
+    batch_size: int = Field(
+        100,
+        ge=1,
+        le=65_536,
+        description="samples per training batch",
+        json_schema_extra={"cost": "a batch of 64×64×3 images at the limit is 3.2 GB of float32 per cell"},
+    )
+    batches_per_iteration: int = Field(
+        0, ge=0, le=1_000_000, description="batches per iteration; 0 = one pass over the cell's data"
+    )
+    population_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="local generators and discriminators per cell",
+        json_schema_extra={"cost": "each individual is one generator and one discriminator in memory"},
+    )
+    tournament_size: int = Field(2, ge=1, le=64, description="individuals drawn into each selection tournament")
+    replacements: int = Field(
+        1, ge=0, le=64, description="worst local individuals replaced by the best trained ones each iteration"
+    )
+    learning_rate: float = Field(
+        0.0002, gt=0, le=1, description="initial Adam learning rate (each individual then carries its own)"
+    )
+    adam_betas: tuple[Beta, Beta] = Field((0.5, 0.999), description="Adam's β₁ and β₂")
+    losses: list[LossName] = Field(
+        default_factory=lambda: ["nonsaturating"],
+        min_length=1,
+        max_length=8,
+        description="drawn per step (Mustangs). nonsaturating: G maximises log D(G(z)), what Lipizzaner calls BCE; "
+        "minimax: Goodfellow's saturating form; mse; wgan_gp. The first is also the fitness loss; the old names "
+        "bce and heuristic are refused with the new ones",
+    )
+    n_critic: int = Field(5, ge=1, le=100, description="with wgan_gp: discriminator steps per generator step")
+    discriminator_skip_each_nth_step: int = Field(
+        0, ge=0, le=1_000, description="k > 0: the discriminator steps only on every (k+1)-th batch"
+    )
     data_diet: float = Field(
         1.0,
         gt=0,
         le=1,
-        description="share of the data each cell trains on, its own random subset (Toutouh et al. 2020)",
+        description="share of the data each cell trains on: its own seeded random subset (data dieting, Toutouh et al. 2020)",
     )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     mutation: MutationConfig = Field(default_factory=MutationConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
-    checkpoint_every: int = Field(10, ge=0, le=10_000_000, description="0 = only at the end")
-    checkpoint_keep: int = Field(3, ge=1, le=100)
-    sample_every: int = Field(10, ge=0, le=10_000_000, description="0 = only at the end")
-    synchronous: bool = False
+    checkpoint_every: int = Field(
+        10, ge=0, le=10_000_000, description="iterations between checkpoints; 0 = only at the end (and on Ctrl-C)"
+    )
+    checkpoint_keep: int = Field(3, ge=1, le=100, description="checkpoints kept on disk per cell")
+    sample_every: int = Field(
+        10, ge=0, le=10_000_000, description="iterations between sample pictures; 0 = only at the end"
+    )
+    synchronous: bool = Field(
+        False, description="every cell waits for its neighbours' iteration i−1: reproducible runs"
+    )
 
     @field_validator("losses", mode="before")
     @classmethod
@@ -178,21 +241,37 @@ class TrainingConfig(_Strict):
 
 
 class DataConfig(_QuietNewKeys):
-    name: DataName = "gaussian_ring"
-    dir: Path | None = None
-    split: Literal["train", "test"] = "train"
-    size: int = Field(0, ge=0, le=10_000_000, description="0 = all samples (toys: 10,000 points)")
-    image_size: int | None = Field(None, ge=8, le=1024)
-    channels: Literal[1, 3] | None = None
-    download: bool = True
+    name: DataName = Field("gaussian_ring", description="the dataset")
+    dir: Path | None = Field(
+        None, description="where its files are (the README's Data section has the search order when none)"
+    )
+    split: Literal["train", "test"] = Field("train", description="which split of the dataset")
+    size: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="keep this many samples (seeded); 0 = all (toys: 10,000 points)",
+        json_schema_extra={"cost": "samples in memory per cell (MNIST at the limit: 31 GB)"},
+    )
+    image_size: int | None = Field(
+        None,
+        ge=8,
+        le=1024,
+        description="image_folder: square size in pixels (none: 64)",
+        json_schema_extra={"cost": "one 1024×1024×3 float32 image is 12.6 MB: keep data.size small with it"},
+    )
+    channels: Literal[1, 3] | None = Field(None, description="image_folder: 1 or 3 channels (none: 1)")
+    download: bool = Field(True, description="download MNIST / Fashion-MNIST / CIFAR-10 when absent (never in tests)")
     classes: list[int] | None = Field(
         None,
         min_length=1,
         max_length=1_000,
-        description="keep only these labels (data.size then counts samples of these)",
+        description="keep only these labels, e.g. [0, 1, 7]; data.size then counts samples of these classes",
     )
     partition: Literal["none", "labels"] = Field(
-        "none", description="labels: one sub-grid per class (grid.per_class), each training on its class only"
+        "none",
+        description="labels: one sub-grid per class (grid.per_class), each cell training on its class only; the "
+        "result is the class mixture Σ_c p(c) p(x | c) (partitioned.md); image_folder needs data.classes listed",
     )
     _quiet: ClassVar[tuple[str, ...]] = ("classes", "partition")
 
@@ -228,14 +307,35 @@ class DataConfig(_QuietNewKeys):
 
 
 class NetworkConfig(_QuietNewKeys):
-    name: Literal["mlp", "dcgan", "sngan"] = "mlp"
-    latent_dim: int = Field(64, ge=1, le=4_096)
-    hidden: int = Field(256, ge=1, le=16_384)
-    width: int = Field(64, ge=1, le=1_024)
-    conditional: bool = Field(False, description="label embedding joined to z and to D's input (a CGAN)")
-    label_dim: int = Field(16, ge=1, le=1_024, description="size of a conditional network's label embedding")
+    name: Literal["mlp", "dcgan", "sngan"] = Field(
+        "mlp",
+        description="mlp: Lipizzaner's perceptron; dcgan: 28, 32 or 64 px; sngan: a DCGAN with a spectral-norm discriminator",
+    )
+    latent_dim: int = Field(64, ge=1, le=4_096, description="size of the generator's noise vector z")
+    hidden: int = Field(
+        256,
+        ge=1,
+        le=16_384,
+        description="mlp: hidden width",
+        json_schema_extra={"cost": "an mlp layer of 16,384² weights is 1 GB"},
+    )
+    width: int = Field(64, ge=1, le=1_024, description="dcgan and sngan: base channel count")
+    conditional: bool = Field(
+        False,
+        description="a conditional GAN (CGAN, DC-CGAN): a label embedding joined to z and to D's input; "
+        "not with data.partition: labels",
+    )
+    label_dim: int = Field(
+        16,
+        ge=1,
+        le=1_024,
+        description="size of the label embedding given to a conditional generator (and mlp discriminator; "
+        "dcgan and sngan discriminators take it as one extra image plane)",
+    )
     activation: Literal["auto", "leaky_relu", "tanh", "relu"] = Field(
-        "auto", description="mlp hidden layers; auto: tanh for 2-D points, leaky_relu for images"
+        "auto",
+        description="mlp hidden layers (leaky_relu with slope 0.2); auto: tanh for 2-D points (Lipizzaner's ring "
+        "network; LeakyReLU lets one lineage collapse the toys), leaky_relu for images",
     )
     _quiet: ClassVar[tuple[str, ...]] = ("conditional", "label_dim", "activation")
 
@@ -244,21 +344,33 @@ class DistributedConfig(_Strict):
     """How the orchestrator lays out and keeps a distributed run (ignored by `palomino train`)."""
 
     min_cells: int | None = Field(
-        None, ge=1, le=1_048_576, description="fewest cells to start or go on with; default rows×cols"
+        None,
+        ge=1,
+        le=1_048_576,
+        description="distributed runs: fewest cells (of the laid-out rectangle) to start with or go on with after "
+        "failures; none: max_cells",
     )
-    max_cells: int | None = Field(None, ge=1, le=1_048_576, description="most cells to lay out; default rows×cols")
+    max_cells: int | None = Field(
+        None,
+        ge=1,
+        le=1_048_576,
+        description="most cells laid out; surplus workers are spares (palomino up sets it to --cells); none: rows×cols",
+    )
     start_timeout: float = Field(
         120.0, gt=0, le=86_400, description="seconds to wait for max_cells workers before starting with fewer"
     )
     on_failure: Literal["auto", "replace", "shrink"] = Field(
         "auto",
-        description="a dead cell's coordinate goes to a spare (replace) or the grid shrinks; auto: replace while spares exist",
+        description="replace: a spare takes the dead cell's coordinate from its newest checkpoint, or its newest "
+        "published snapshot when newer (without a spare the grid shrinks); shrink: the survivors are laid out "
+        "again; auto: replace while spares last",
     )
     heartbeat_ttl: float = Field(
         5.0,
         ge=2,
         le=3_600,
-        description="seconds without a heartbeat before a worker counts as dead (≥ 2: cells heartbeat every second)",
+        description="seconds without a heartbeat before a worker counts as dead (≥ 2: cells heartbeat every second; "
+        "a worker goes back to 5 s between assignments)",
     )
     neighbour_timeout: float = Field(
         60.0, gt=0, le=86_400, description="seconds a cell waits for a neighbour's snapshot before going on without it"
@@ -267,25 +379,41 @@ class DistributedConfig(_Strict):
         64 * 1024 * 1024,
         ge=1024,
         le=1024**3,
-        description="larger snapshot bodies are refused (dead-lettered) by the cells",
+        description="snapshot bodies above this are refused and dead-lettered",
+        json_schema_extra={"cost": "per message on the broker (RabbitMQ's own limit is lower by default)"},
     )
 
 
-class ScoringConfig(_Strict):
+class MixtureScoring(_Strict):
+    """What a scoring computes: an experiment's `scoring:` section and the scorer's options share it."""
+
+    metrics: list[MetricName] | None = Field(
+        None, min_length=1, max_length=5, description="none: fid, is, kid, tvd for images; modes for the toys"
+    )
+    samples: int | None = Field(
+        None,
+        ge=2,
+        le=1_000_000,
+        description="generated samples per mixture; none: 10,000 images or 2,500 points",
+        json_schema_extra={"cost": "generated samples per scored mixture"},
+    )
+    extractor: Literal["classifier", "inception"] = Field(
+        "classifier",
+        description="classifier: a file of palomino classifier train; inception: Inception-v3 weights by path",
+    )
+    classifier: Path | None = Field(None, description="the classifier file; none: $PALOMINO_CLASSIFIER")
+
+
+class ScoringConfig(MixtureScoring):
     """What the offline scorer computes (`palomino score`, the scorer service); see docs/scoring.md."""
 
     every: int = Field(
-        0, ge=0, le=10_000_000, description="iterations between scorings of the cells' mixtures; 0 = only at the end"
-    )
-    metrics: list[MetricName] | None = Field(
-        None, min_length=1, description="default: fid, is, kid, tvd for images; modes for the toys"
-    )
-    samples: int | None = Field(
-        None, ge=2, le=1_000_000, description="generated samples per mixture; default 10,000 images / 2,500 points"
-    )
-    extractor: Literal["classifier", "inception"] = "classifier"
-    classifier: Path | None = Field(
-        None, description="file of `palomino classifier train`; default $PALOMINO_CLASSIFIER"
+        0,
+        ge=0,
+        le=10_000_000,
+        description="distributed runs: every this many iterations each cell queues its neighbourhood mixture for the "
+        "scorers (under periodic in scores.json, and as score events); 0 = only at the end (scoring.md). Embedded "
+        "runs warn and score nothing during training",
     )
     final: bool = Field(
         True, description="distributed runs: queue score jobs for the final mixtures (for `palomino scorer`)"
@@ -293,15 +421,19 @@ class ScoringConfig(_Strict):
 
     def job_options(self) -> dict[str, Any]:
         """What a score job carries as its options (the rest is the scorer's defaults and environment)."""
-        return self.model_dump(
-            mode="json", include={"metrics", "samples", "extractor", "classifier"}, exclude_none=True
-        )
+        return self.model_dump(mode="json", include=set(MixtureScoring.model_fields), exclude_none=True)
 
 
 class ExperimentConfig(_Strict):
-    name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    seed: int = Field(0, ge=0, le=2**63 - 1)
-    device: str = "cpu"
+    name: str = Field(
+        "experiment",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="prefix of the run directory's name (<name>-<UTC time>-<4 hex>)",
+    )
+    seed: int = Field(
+        0, ge=0, le=2**63 - 1, description="seeds every cell (SeedSequence([seed, row, col])), the toys and subsetting"
+    )
+    device: str = Field("cpu", description="cpu or cuda[:N]")
     grid: GridConfig = Field(default_factory=GridConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     data: DataConfig = Field(default_factory=DataConfig)

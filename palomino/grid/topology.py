@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -19,6 +19,11 @@ class Coord(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.row}-{self.col}"
+
+
+def cell_name(cell: Iterable[object]) -> str:
+    """'r-c': a cell's name in files, messages and records, from its coordinate in any sequence."""
+    return "-".join(map(str, cell))
 
 
 def parse_coord(text: str) -> Coord:

@@ -10,7 +10,9 @@ import logging
 import math
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,54 +44,83 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 log.warning("%s:%d: skipping a malformed line", path, number)
 
 
-class LineIndex:
-    """Where each complete line of an append-only JSON-lines file starts, extended as the file grows:
-    a page of a long metrics.jsonl costs the page, not the file. A rewrite (new inode, or shorter)
-    starts the index again."""
+@dataclass
+class FileStat:
+    inode: int
+    size: int
+    mtime: float
+
+
+def file_stat(path: Path) -> FileStat | None:
+    """A file's inode, size and mtime, or None when it is not there."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return FileStat(st.st_ino, st.st_size, st.st_mtime)
+
+
+class JsonlIndex:
+    """Offsets of the complete lines of a JSON-lines file that only grows (or is replaced whole)."""
 
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._starts: list[int] = []
-        self._end = 0
-        self._identity: tuple[int, int] | None = None
+        self.path = path
+        self._offsets: list[int] = []  # start of each non-blank complete line
+        self._end = 0  # bytes indexed so far (always just after a newline)
+        self._inode: int | None = None
+        self._lock = threading.Lock()
 
-    def _refresh(self) -> None:
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            self._starts, self._end, self._identity = [], 0, None
-            return
-        identity = (stat.st_dev, stat.st_ino)
-        if identity != self._identity or stat.st_size < self._end:
-            self._starts, self._end, self._identity = [], 0, identity
-        with open(self.path, "rb") as handle:
-            handle.seek(self._end)
-            position = self._end
-            for line in handle:
-                if not line.endswith(b"\n"):
-                    break  # a line still being written
-                self._starts.append(position)
-                position += len(line)
-        self._end = position
+    def refresh(self) -> bool:
+        """Index what was appended; True when the file was replaced or truncated (the index restarted)."""
+        with self._lock:
+            stat = file_stat(self.path)
+            replaced = self._inode is not None and (stat is None or stat.inode != self._inode or stat.size < self._end)
+            if replaced:  # keep_metrics() rewrites the file atomically (a resume or a replaced cell)
+                self._offsets, self._end, self._inode = [], 0, None
+            if stat is None:
+                return replaced
+            self._inode = stat.inode
+            if stat.size > self._end:
+                with open(self.path, "rb") as handle:
+                    handle.seek(self._end)
+                    chunk = handle.read(stat.size - self._end)
+                complete = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
+                position = 0
+                while position < complete:
+                    newline = chunk.index(b"\n", position)
+                    if chunk[position:newline].strip():
+                        self._offsets.append(self._end + position)
+                    position = newline + 1
+                self._end += complete
+            return replaced
 
-    def page(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
-        """(records of lines since..since+limit, the next line, the lines there are now)."""
-        self._refresh()
-        chosen = self._starts[since : since + limit]
-        records: list[dict[str, Any]] = []
-        if chosen:
-            stop = since + len(chosen)
-            end = self._starts[stop] if stop < len(self._starts) else self._end
+    @property
+    def count(self) -> int:
+        return len(self._offsets)
+
+    def read(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Records of lines [since, since+limit) and the index of the next line; malformed lines are skipped."""
+        with self._lock:
+            since = max(0, min(since, len(self._offsets)))
+            stop = min(len(self._offsets), since + max(0, limit))
+            if since == stop:
+                return [], since
+            start, end = self._offsets[since], (self._offsets[stop] if stop < len(self._offsets) else self._end)
             with open(self.path, "rb") as handle:
-                handle.seek(chosen[0])
-                data = handle.read(end - chosen[0])
-            for line in data.splitlines():
-                try:
-                    if line.strip():
-                        records.append(json.loads(line))
-                except ValueError:
-                    log.warning("%s: skipping a malformed line", self.path)
-        return records, since + len(chosen), len(self._starts)
+                handle.seek(start)
+                chunk = handle.read(end - start)
+        records = []
+        for number, line in enumerate(chunk.splitlines(), since + 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line, parse_constant=lambda _: None)  # NaN/Infinity: not JSON, read as null
+            except ValueError:
+                log.warning("%s:%d: skipping a malformed line", self.path, number)
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records, stop
 
 
 class RunDirectory:
@@ -106,7 +137,7 @@ class RunDirectory:
     @classmethod
     def open(cls, path: Path) -> RunDirectory:
         run = cls(path)
-        if not run.config_path.is_file():
+        if not run.is_run():
             raise ConfigError(f"--resume {path}: not a run directory (no config.yaml in it)")
         return run
 
@@ -130,13 +161,29 @@ class RunDirectory:
     def result_dir(self) -> Path:
         return self.path / "result"
 
+    @property
+    def ranking_path(self) -> Path:
+        return self.result_dir / "ranking.json"
+
+    @property
+    def result_samples_path(self) -> Path:
+        return self.result_dir / "samples.png"
+
+    @property
+    def scores_path(self) -> Path:
+        """scores.json: `palomino score`'s report, and the scorers' results of a distributed run."""
+        return self.path / "scores.json"
+
+    def is_run(self) -> bool:
+        return self.config_path.is_file()
+
     def load_config(self) -> ExperimentConfig:
         return load_config(self.config_path)
 
     def checkpoint_dir(self, coord: Coord) -> Path:
         return self.path / "checkpoints" / str(coord)
 
-    def samples_dir(self, coord: Coord) -> Path:
+    def samples_dir(self, coord: Coord | str) -> Path:
         return self.path / "samples" / str(coord)
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
@@ -178,10 +225,12 @@ class RunDirectory:
         atomic_write(self.real_samples_path, png)
         return self.real_samples_path
 
+    def samples_path(self, cell: Coord | str, iteration: int) -> Path:
+        return self.samples_dir(cell) / f"iter-{iteration}.png"
+
     def write_samples(self, coord: Coord, iteration: int, png: bytes) -> Path:
-        folder = self.samples_dir(coord)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"iter-{iteration}.png"
+        path = self.samples_path(coord, iteration)
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, png)
         return path
 

@@ -18,7 +18,7 @@ import torch
 from palomino.coevolution import Cell
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
-from palomino.grid import ClassGrid, Coord, Topology, partition_grid
+from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
 from palomino.runs.images import progress_png, real_png
@@ -100,7 +100,7 @@ def restore_cells(run: RunDirectory, cells: list[Cell], synchronous: bool) -> No
         cell.restore(checkpoint.tensors, checkpoint.meta)
     resumed = {str(cell.coord): cell.iteration for cell in cells}
     # Iterations after a cell's checkpoint are redone, so their old records go.
-    run.keep_metrics(lambda r: r["iteration"] < resumed.get("-".join(map(str, r["cell"])), 0))
+    run.keep_metrics(lambda r: r["iteration"] < resumed.get(cell_name(r["cell"]), 0))
 
 
 async def train_embedded(
@@ -132,9 +132,18 @@ async def train_embedded(
         run.append_topology(topology, {str(c.coord): f"embedded-{c.coord}" for c in cells}, classes or None)
     if not run.real_samples_path.exists():
         run.write_real_samples(real_png(dataset, seed=config.seed))
-    bus, liveness = InMemorySnapshotBus(), InMemoryLiveness()
-    recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
-    training = config.training
+    bus = InMemorySnapshotBus()
+    await _run_cells(cells, bus, RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics), config, stop)
+    if any(cell.iteration < config.training.iterations for cell in cells):
+        return TrainOutcome(finished=False)
+    return await _write_results(cells, bus, config, run, dataset)
+
+
+async def _run_cells(
+    cells: list[Cell], bus: InMemorySnapshotBus, recorder: RunRecorder, config: ExperimentConfig, stop: asyncio.Event
+) -> None:
+    """Every cell's loop on this event loop; their iterations in threads, as many at once as pay."""
+    liveness = InMemoryLiveness()
     threads = torch.get_num_threads()
     gate = asyncio.Semaphore(parallel_cells(config, len(cells)))
 
@@ -150,13 +159,7 @@ async def train_embedded(
                     bus,
                     liveness,
                     recorder,
-                    LoopSettings(
-                        iterations=training.iterations,
-                        synchronous=training.synchronous,
-                        worker=f"embedded-{cell.coord}",
-                        sample_every=training.sample_every,
-                        checkpoint_every=training.checkpoint_every,
-                    ),
+                    LoopSettings.of(config, f"embedded-{cell.coord}", distributed=False),
                     stop,
                     compute,
                 )
@@ -165,8 +168,12 @@ async def train_embedded(
         )
     finally:
         torch.set_num_threads(threads)  # the process's setting, as the caller had it
-    if any(cell.iteration < training.iterations for cell in cells):
-        return TrainOutcome(finished=False)
+
+
+async def _write_results(
+    cells: list[Cell], bus: InMemorySnapshotBus, config: ExperimentConfig, run: RunDirectory, dataset: Dataset
+) -> TrainOutcome:
+    """The finished grid's result: each cell's mixture, then the best (or each class's) and the ensemble."""
     snapshots = {c.coord: await bus.newest(c.coord) for c in cells}
     results = [await asyncio.to_thread(cell_result, cell, snapshots, dataset, run.experiment) for cell in cells]
     if config.partitioned:

@@ -104,7 +104,23 @@ def grid_ensemble(
         return out
 
     fakes_select, fakes_held = draw(), draw()
-    classifier = _classifier(config) if dataset.kind == "image" else None
+    select, held, name = _scores(fakes_select, fakes_held, real_select, real_held, dataset.kind, config, device)
+    ensemble = optimise_ensemble(select, held, rng, sigma=settings.sigma, es_steps=settings.es_steps)
+    return GridEnsemble(ensemble, cells, generators, name, judge, quantile if judge else None)
+
+
+def _scores(
+    fakes_select: list[torch.Tensor],
+    fakes_held: list[torch.Tensor],
+    real_select: torch.Tensor,
+    real_held: torch.Tensor,
+    kind: str,
+    config: ExperimentConfig,
+    device: str | torch.device,
+) -> tuple[WeightScore, WeightScore, str]:
+    """The score the weights are chosen on and the held-out one they are reported on, and its name:
+    FID on the classifier's features for images when one is configured, else MMD²."""
+    classifier = _classifier(config) if kind == "image" else None
     if classifier is not None:
         from palomino.scoring.extractors import ClassifierExtractor
 
@@ -113,17 +129,13 @@ def grid_ensemble(
         def features(x: torch.Tensor) -> torch.Tensor:
             return extractor.extract(((x + 1) / 2).clamp(0, 1))[0]  # generator space → [0, 1] images
 
-        select: WeightScore = FrechetScore.from_features([features(f) for f in fakes_select], features(real_select))
-        held: WeightScore = FrechetScore.from_features([features(f) for f in fakes_held], features(real_held))
-        name = "fid (classifier features)"
-    else:
-        if dataset.kind == "image":
-            log.info(
-                "no classifier configured: the grid ensemble is optimised on pixel MMD² (set scoring.classifier for FID)"
-            )
-        factors = FINE_BANDWIDTH_FACTORS if dataset.kind == "points" else (0.1, 0.3, 1.0)
-        select = MixtureScore.from_samples(fakes_select, real_select, factors)
-        held = MixtureScore.from_samples(fakes_held, real_held, factors)
-        name = "mmd2"
-    ensemble = optimise_ensemble(select, held, rng, sigma=settings.sigma, es_steps=settings.es_steps)
-    return GridEnsemble(ensemble, cells, generators, name, judge, quantile if judge else None)
+        select = FrechetScore.from_features([features(f) for f in fakes_select], features(real_select))
+        held = FrechetScore.from_features([features(f) for f in fakes_held], features(real_held))
+        return select, held, "fid (classifier features)"
+    if kind == "image":
+        log.info(
+            "no classifier configured: the grid ensemble is optimised on pixel MMD² (set scoring.classifier for FID)"
+        )
+    factors = FINE_BANDWIDTH_FACTORS if kind == "points" else (0.1, 0.3, 1.0)
+    select_mmd = MixtureScore.from_samples(fakes_select, real_select, factors)
+    return select_mmd, MixtureScore.from_samples(fakes_held, real_held, factors), "mmd2"

@@ -1,28 +1,51 @@
-"""PNG pictures of samples: an image grid, or a scatter plot for 2-D points (Pillow only)."""
+"""PNG pictures of samples: an image grid, or a scatter plot for 2-D points (Pillow and numpy).
+
+Torch is imported only where a tensor is made: the torch-free orchestrator tiles the pictures
+of a partitioned run's classes (`tile_pngs`)."""
 
 from __future__ import annotations
 
 import io
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image, ImageDraw
+
+if TYPE_CHECKING:
+    import torch
+
+
+def tiled(
+    pictures: list[np.ndarray], columns: int | None = None, pad: int = 2, margin: int = 2, background: int = 0
+) -> np.ndarray:
+    """Pictures (H, W, C) uint8, of up to different sizes, in a grid `columns` wide (near-square by
+    default), `pad` apart and `margin` from the edges → one (H', W', C) array."""
+    height, width = max(p.shape[0] for p in pictures), max(p.shape[1] for p in pictures)
+    columns = columns or max(1, math.ceil(math.sqrt(len(pictures))))
+    rows = math.ceil(len(pictures) / columns)
+    shape = (2 * margin + rows * (height + pad) - pad, 2 * margin + columns * (width + pad) - pad, pictures[0].shape[2])
+    canvas = np.full(shape, background, dtype=np.uint8)
+    for index, picture in enumerate(pictures):
+        r, c = divmod(index, columns)
+        y, x = margin + r * (height + pad), margin + c * (width + pad)
+        canvas[y : y + picture.shape[0], x : x + picture.shape[1]] = picture
+    return canvas
 
 
 def image_grid(images: torch.Tensor, columns: int | None = None, pad: int = 2) -> Image.Image:
     """`images`: (N, C, H, W) in [0, 1] → one picture, `columns` wide."""
-    images = images.detach().float().clamp(0, 1).cpu()
-    n, channels, height, width = images.shape
-    columns = columns or max(1, math.ceil(math.sqrt(n)))
-    rows = math.ceil(n / columns)
-    canvas = np.zeros((rows * (height + pad) + pad, columns * (width + pad) + pad, channels), dtype=np.uint8)
-    pixels = (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
-    for index in range(n):
-        r, c = divmod(index, columns)
-        y, x = pad + r * (height + pad), pad + c * (width + pad)
-        canvas[y : y + height, x : x + width] = pixels[index]
-    return Image.fromarray(canvas[..., 0] if channels == 1 else canvas, mode="L" if channels == 1 else "RGB")
+    pixels = (images.detach().float().clamp(0, 1).cpu().permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    canvas = tiled(list(pixels), columns, pad, margin=pad)
+    return Image.fromarray(
+        canvas[..., 0] if canvas.shape[2] == 1 else canvas, mode="L" if canvas.shape[2] == 1 else "RGB"
+    )
+
+
+def tile_pngs(pictures: list[bytes], gap: int = 8) -> bytes:
+    """PNG pictures side by side in a near-square grid, in order, on white."""
+    images = [np.asarray(Image.open(io.BytesIO(p)).convert("RGB")) for p in pictures]
+    return png_bytes(Image.fromarray(tiled(images, pad=gap, margin=0, background=255), mode="RGB"))
 
 
 def scatter(points: torch.Tensor, reference: torch.Tensor | None = None, size: int = 400) -> Image.Image:
@@ -57,6 +80,8 @@ def progress_png(samples: torch.Tensor, kind: str, reference: torch.Tensor | Non
 
 def real_png(dataset, n: int = 64, seed: int = 0) -> bytes:
     """A PNG of `n` real training samples (2,500 points for the toys), drawn like the generated ones."""
+    import torch
+
     if dataset.kind != "image":
         n = 2500
     generator = torch.Generator().manual_seed(seed)

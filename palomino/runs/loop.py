@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from palomino.coevolution import Cell
+from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
 from palomino.grid import Coord
 from palomino.transport import Liveness, Recorder, SnapshotBus
@@ -31,6 +32,19 @@ class LoopSettings:
     sample_count: int = 64
     heartbeat_ttl: float = 5.0
     neighbour_timeout: float | None = None  # None: wait for neighbours for ever (embedded)
+
+    @classmethod
+    def of(cls, config: ExperimentConfig, worker: str, *, distributed: bool) -> LoopSettings:
+        """The experiment's settings for one cell's loop; a distributed one's heartbeats and timeouts."""
+        t, d = config.training, config.distributed
+        return cls(
+            iterations=t.iterations,
+            synchronous=t.synchronous,
+            worker=worker,
+            sample_every=t.sample_every,
+            checkpoint_every=t.checkpoint_every,
+            **({"heartbeat_ttl": d.heartbeat_ttl, "neighbour_timeout": d.neighbour_timeout} if distributed else {}),
+        )
 
 
 def _due(every: int, done: int, last: int) -> bool:

@@ -183,9 +183,9 @@ def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellRes
     }
     if ensemble is not None:
         ranking["ensemble"] = ensemble.description.get("ensemble", {})
-    atomic_write(run.result_dir / "ranking.json", json.dumps(ranking, indent=2).encode())
+    atomic_write(run.ranking_path, json.dumps(ranking, indent=2).encode())
     if chosen.samples_png:
-        atomic_write(run.result_dir / "samples.png", chosen.samples_png)
+        atomic_write(run.result_samples_path, chosen.samples_png)
     return chosen
 
 
@@ -246,11 +246,11 @@ def write_ensemble(
             raise ValueError(f"filter {str(rule)[:80]} does not fit the grid's critics")
         description["filter"] = {"threshold": float(threshold), "quantile": rule.get("quantile")}
     save_encoded(run.result_dir, payload, description)
-    ranking_path = run.result_dir / "ranking.json"
+    ranking_path = run.ranking_path
     ranking = json.loads(ranking_path.read_text()) if ranking_path.exists() else {}
     atomic_write(ranking_path, json.dumps({**ranking, "ensemble": summary}, indent=2).encode())
     if png:
-        atomic_write(run.result_dir / "samples.png", png)
+        atomic_write(run.result_samples_path, png)
 
 
 def write_class_result(
@@ -306,28 +306,10 @@ def write_class_result(
             for r in sorted(group, key=lambda r: r.score)
         ],
     }
-    atomic_write(run.result_dir / "ranking.json", json.dumps(ranking, indent=2).encode())
+    atomic_write(run.ranking_path, json.dumps(ranking, indent=2).encode())
     pictures = [r.samples_png for r in best.values() if r.samples_png]
     if pictures:
-        atomic_write(run.result_dir / "samples.png", tile_pngs(pictures))
+        from palomino.runs.images import tile_pngs
+
+        atomic_write(run.result_samples_path, tile_pngs(pictures))
     return best
-
-
-def tile_pngs(pictures: list[bytes], gap: int = 8) -> bytes:
-    """PNG pictures side by side in a near-square grid, in order (Pillow only, no torch)."""
-    import io
-    import math
-
-    from PIL import Image
-
-    images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pictures]
-    width, height = max(i.width for i in images), max(i.height for i in images)
-    columns = math.ceil(math.sqrt(len(images)))
-    rows = math.ceil(len(images) / columns)
-    canvas = Image.new("RGB", (columns * (width + gap) - gap, rows * (height + gap) - gap), "white")
-    for index, image in enumerate(images):
-        r, c = divmod(index, columns)
-        canvas.paste(image, (c * (width + gap), r * (height + gap)))
-    buffer = io.BytesIO()
-    canvas.save(buffer, format="PNG")
-    return buffer.getvalue()

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
-from palomino.config.models import MetricName, ScoringConfig
-from palomino.errors import ConfigError
+from palomino.config.models import MetricName, MixtureScoring, ScoringConfig
+from palomino.errors import ConfigError, describe_validation
 
-METRICS: tuple[str, ...] = ("fid", "is", "kid", "tvd", "modes")
+METRICS: tuple[str, ...] = get_args(MetricName)
 DEFAULT_METRICS = {"image": ["fid", "is", "kid", "tvd"], "points": ["modes"]}
 DEFAULT_SAMPLES = {"image": 10_000, "points": 2_500}
 
 
-class ScoringOptions(BaseModel):
+class ScoringOptions(MixtureScoring):
+    """An experiment's scoring choices (metrics, samples, extractor, classifier) and how to compute them."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metrics: list[MetricName] | None = Field(
-        None, min_length=1, description="None: fid, is, kid, tvd for images; modes for points"
-    )
-    samples: int | None = Field(
-        None, ge=2, description="generated samples per mixture; None: 10,000 images / 2,500 points"
-    )
-    extractor: Literal["classifier", "inception"] = "classifier"
-    classifier: Path | None = Field(None, description="None: $PALOMINO_CLASSIFIER")
     inception_weights: Path | None = Field(
         None, description="None: $PALOMINO_INCEPTION_WEIGHTS, else torchvision's hub cache"
     )
@@ -47,9 +41,7 @@ class ScoringOptions(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as error:
-            first = error.errors()[0]
-            flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "options"
-            raise ConfigError(f"{flag}: {first['msg']} (got {first.get('input')!r})") from None
+            raise ConfigError(describe_validation(error, lambda field: "--" + field.replace("_", "-"))) from None
 
     def metrics_for(self, kind: str) -> list[str]:
         return list(self.metrics) if self.metrics else list(DEFAULT_METRICS[kind])

@@ -94,22 +94,9 @@ def reference_statistics(
     key = _safe(f"{dataset.name}-{split}-{tag}{len(images)}-{extractor.identity}-{digest}")
     folder = Path(cache_dir) / "real-statistics"
     path, meta_path = folder / f"{key}.safetensors", folder / f"{key}.json"
-    if path.is_file() and meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-            tensors = load_file(str(path))
-            if (
-                meta.get("format") == FORMAT
-                and meta.get("key") == key
-                and tensors["features"].shape == (len(images), extractor.num_features)
-            ):
-                return RealStatistics(
-                    tensors["features"], tensors["class_distribution"], meta["class_source"], key, path, cached=True
-                )
-            log.warning("%s does not match its description; computing the real statistics again", path)
-        except (OSError, ValueError, KeyError, SafetensorError) as error:
-            log.warning("%s is unreadable (%s); computing the real statistics again", path, error)
-
+    cached = _cached(path, meta_path, key, (len(images), extractor.num_features))
+    if cached is not None:
+        return cached
     features, logits = extract_all(extractor, images, batch_size, device)
     classes = len(extractor.classes)
     # The dataset's labels are the true class distribution when the classifier was trained on this dataset;
@@ -134,3 +121,20 @@ def reference_statistics(
     }
     atomic_write(meta_path, json.dumps(meta, indent=2).encode())
     return RealStatistics(features, distribution, source, key, path, cached=False)
+
+
+def _cached(path: Path, meta_path: Path, key: str, shape: tuple[int, int]) -> RealStatistics | None:
+    """The cached statistics under `key`, or None (absent, unreadable or not what the key says)."""
+    if not (path.is_file() and meta_path.is_file()):
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        tensors = load_file(str(path))
+        if meta.get("format") == FORMAT and meta.get("key") == key and tensors["features"].shape == shape:
+            return RealStatistics(
+                tensors["features"], tensors["class_distribution"], meta["class_source"], key, path, cached=True
+            )
+        log.warning("%s does not match its description; computing the real statistics again", path)
+    except (OSError, ValueError, KeyError, SafetensorError) as error:
+        log.warning("%s is unreadable (%s); computing the real statistics again", path, error)
+    return None

@@ -26,7 +26,7 @@ from palomino.config import DataConfig
 from palomino.data import Dataset, class_subset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
 from palomino.io import atomic_write
-from palomino.runs.directory import finite_json
+from palomino.runs.directory import RunDirectory, finite_json
 from palomino.runs.mixture import ClassMixture, Mixture
 from palomino.runs.result import CLASS_MIXTURE
 from palomino.scoring.extractors import FeatureExtractor, build_extractor, scoring_cache_dir
@@ -286,8 +286,9 @@ def _digest(folder: Path) -> str:
 
 def run_mixtures(run_dir: Path) -> dict[str, Path]:
     """{"best": result/, "<r>-<c>": result/cells/<r>-<c>/, ...} of a finished run."""
-    result = Path(run_dir) / "result"
-    if not (Path(run_dir) / "config.yaml").is_file():
+    run = RunDirectory(run_dir)
+    result = run.result_dir
+    if not run.is_run():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)")
     if not (result / "mixture.json").is_file():
         raise PalominoError(
@@ -325,7 +326,7 @@ def run_classes(run_dir: Path) -> dict[int, tuple[Target, str | None]]:
     """label → (what to score for that class, the cell it came from) of a finished run: a partitioned
     run's result/classes/<c>/ (its class's best mixture), a conditional run's best mixture drawn for
     each label; {} for an unconditional run."""
-    result = Path(run_dir) / "result"
+    result = RunDirectory(run_dir).result_dir
     description = _description(result)
     if description.get("type") == CLASS_MIXTURE:
         return {
@@ -359,12 +360,10 @@ def score_run(
     best mixture against that class's samples under "classes", each cell against its class's samples.
     A conditional run: also its best mixture drawn for each label, against that label's samples, under
     "classes". See docs/scoring.md for the layout."""
-    from palomino.config import load_config
-
     start = time.perf_counter()
-    run_dir = Path(run_dir)
+    run = RunDirectory(run_dir)
     folders = run_mixtures(run_dir)
-    config = load_config(run_dir / "config.yaml")
+    config = run.load_config()
     data = data or config.data
     classes = run_classes(run_dir)
     targets = {name: Target(folder) for name, folder in folders.items()}
@@ -374,6 +373,41 @@ def score_run(
     context = ScoringContext.prepare(data, options, data_seed=config.seed)
     labels = sorted({label for target in targets.values() if (label := target.label()) is not None})
     per_class = {label: context.for_class(label) for label in labels}
+    by_name, workers = _score_targets_once(targets, context, data, options, config.seed, workers)
+
+    report = _report_head(run.path, data, options, context, per_class)
+    report["best"] = {"cell": _description(folders["best"]).get("cell"), **by_name["best"]}
+    if classes:
+        report["classes"] = {
+            str(label): {
+                "cell": cell,
+                "mixture": target.folder.relative_to(run.path).as_posix(),
+                **({} if target.draw is None else {"drawn_for": target.draw}),
+                **by_name[f"class:{label}"],
+            }
+            for label, (target, cell) in classes.items()
+        }
+    report["cells"] = {name: score for name, score in by_name.items() if name in folders and name != "best"}
+    report["workers"] = workers
+    report["seconds"] = round(time.perf_counter() - start, 2)
+    periodic = _periodic(run.scores_path)
+    if periodic:  # a distributed run's scores of its cells during training (scoring.every): history, kept
+        report["periodic"] = periodic
+    report = finite_json(report)
+    atomic_write(run.scores_path, json.dumps(report, indent=2, allow_nan=False).encode())
+    return report
+
+
+def _score_targets_once(
+    targets: dict[str, Target],
+    context: ScoringContext,
+    data: DataConfig,
+    options: ScoringOptions,
+    seed: int,
+    workers: int | None,
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Each target's scores by name, and the workers used: targets with the same content (a cell's
+    mixture that is also the best) are scored once, in `workers` spawned processes at most."""
     unique: dict[tuple[str, int | None], Target] = {}  # (content digest, label drawn) → the first target with it
     names_of: dict[tuple[str, int | None], list[str]] = {}
     for name, target in targets.items():
@@ -388,13 +422,22 @@ def score_run(
         shares = [jobs[i::workers] for i in range(workers)]
         data_json, options_json = data.model_dump(mode="json"), options.model_dump(mode="json")
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_score_targets, share, data_json, options_json, config.seed) for share in shares]
+            futures = [pool.submit(_score_targets, share, data_json, options_json, seed) for share in shares]
             by_job = {
                 job: score for share, future in zip(shares, futures) for job, score in zip(share, future.result())
             }
         scores = [by_job[job] for job in jobs]
-    by_name = {name: score for key, score in zip(unique, scores) for name in names_of[key]}
-    best_cell = _description(folders["best"]).get("cell")
+    return {name: score for key, score in zip(unique, scores) for name in names_of[key]}, workers
+
+
+def _report_head(
+    run_dir: Path,
+    data: DataConfig,
+    options: ScoringOptions,
+    context: ScoringContext,
+    per_class: dict[int, ScoringContext],
+) -> dict[str, Any]:
+    """What scores.json says about how it was scored: data, options, metrics, extractor, references."""
     report: dict[str, Any] = {
         "format": FORMAT,
         "run": run_dir.name,
@@ -407,7 +450,7 @@ def score_run(
         if context.real is None
         else {"n": context.real.n, "class_source": context.real.class_source, "path": str(context.real.path)},
     }
-    if labels:
+    if per_class:
         report["class_metrics"] = context.class_metrics
         if context.real is not None:
             report["class_references"] = {
@@ -415,25 +458,6 @@ def score_run(
                 for label, c in per_class.items()
                 if c.real is not None
             }
-    report["best"] = {"cell": best_cell, **by_name["best"]}
-    if classes:
-        report["classes"] = {
-            str(label): {
-                "cell": cell,
-                "mixture": target.folder.relative_to(run_dir).as_posix(),
-                **({} if target.draw is None else {"drawn_for": target.draw}),
-                **by_name[f"class:{label}"],
-            }
-            for label, (target, cell) in classes.items()
-        }
-    report["cells"] = {name: score for name, score in by_name.items() if name in folders and name != "best"}
-    report["workers"] = workers
-    report["seconds"] = round(time.perf_counter() - start, 2)
-    periodic = _periodic(run_dir / "scores.json")
-    if periodic:  # a distributed run's scores of its cells during training (scoring.every): history, kept
-        report["periodic"] = periodic
-    report = finite_json(report)
-    atomic_write(run_dir / "scores.json", json.dumps(report, indent=2, allow_nan=False).encode())
     return report
 
 

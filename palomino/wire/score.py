@@ -7,12 +7,15 @@ to compare against and the scoring options. Framed like snapshots: JSON header +
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from palomino.errors import SnapshotError, describe_validation
 from palomino.wire import frame
+
+if TYPE_CHECKING:
+    from palomino.config import ExperimentConfig
 
 SCORE_JOB_MAX_BYTES = 256 * 1024 * 1024
 EXPERIMENT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -33,6 +36,30 @@ class ScoreJob(BaseModel):
     # The experiment's config (ExperimentConfig as JSON) when the scorer is to optimise the mixture's
     # weights first: the whole grid's ensemble of a distributed run (palomino.runs.ensemble).
     ensemble: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        experiment: str,
+        config: ExperimentConfig,
+        target: str,
+        mixture: dict[str, Any],
+        *,
+        iteration: int | None = None,
+        ensemble: dict[str, Any] | None = None,
+    ) -> ScoreJob:
+        """The job that scores one of `experiment`'s mixtures against its data, with its scoring options."""
+        return cls(
+            job=f"{experiment}:{target}" + ("" if iteration is None else f"@{iteration}"),
+            experiment=experiment,
+            target=target,
+            iteration=iteration,
+            mixture=mixture,
+            data=config.data.model_dump(mode="json"),
+            data_seed=config.seed,
+            options=config.scoring.job_options(),
+            ensemble=ensemble,
+        )
 
 
 class ScoreResult(BaseModel):

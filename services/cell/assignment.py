@@ -158,11 +158,7 @@ class Assignment:
             recorder = ControlRecorder(links.control, links.orchestrator, self.experiment, links.worker, dataset.kind, dataset.modes)  # fmt: skip
             if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
                 await recorder.real_samples(cell.coord, dataset, config.seed)
-            t, d = config.training, config.distributed
-            settings = LoopSettings(
-                iterations=t.iterations, synchronous=t.synchronous, worker=links.worker, sample_every=t.sample_every,
-                checkpoint_every=t.checkpoint_every, heartbeat_ttl=d.heartbeat_ttl, neighbour_timeout=d.neighbour_timeout,
-            )  # fmt: skip
+            settings = LoopSettings.of(config, links.worker, distributed=True)
 
             async def between_iterations() -> None:
                 await self._apply_layout(training)
@@ -171,7 +167,7 @@ class Assignment:
             await run_cell(
                 cell, bus, links.liveness, recorder, settings, links.stop, before_iteration=between_iterations
             )
-            if cell.iteration >= t.iterations:
+            if cell.iteration >= config.training.iterations:
                 await self._report_done(training)
 
     def _build(self) -> tuple[Any, Any, Any]:
@@ -242,11 +238,7 @@ class Assignment:
             neighbourhood_mixture, cell, snapshots, training.dataset, self.experiment, False
         )
         payload, description = await asyncio.to_thread(mixture.encode)
-        job = ScoreJob(
-            job=f"{self.experiment}:{cell.coord}@{cell.iteration}", experiment=self.experiment, target=str(cell.coord),
-            iteration=cell.iteration, mixture=description, data=config.data.model_dump(mode="json"),
-            data_seed=config.seed, options=config.scoring.job_options(),
-        )  # fmt: skip
+        job = ScoreJob.of(self.experiment, config, str(cell.coord), description, iteration=cell.iteration)
         try:
             await training.scoring.enqueue(job, payload)
         except PalominoError as error:

@@ -8,8 +8,7 @@ from typing import Any
 import httpx
 
 from palomino.errors import PalominoError, TransportError
-
-FINAL = ("finished", "failed", "stopped")
+from palomino.services.common.states import ENDED
 
 
 class OrchestratorClient:
@@ -62,7 +61,7 @@ class OrchestratorClient:
             summary = self.experiment(experiment_id)
             if on_poll is not None:
                 on_poll(summary)
-            if summary["state"] in FINAL:
+            if summary["state"] in ENDED:
                 return summary
             if deadline is not None and time.monotonic() > deadline:
                 raise PalominoError(f"experiment {experiment_id} still {summary['state']} after {timeout:.0f} s")

@@ -11,13 +11,13 @@ import json
 import logging
 import os
 import re
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from palomino.runs.directory import JsonlIndex, RunDirectory, file_stat
 
 log = logging.getLogger(__name__)
 
@@ -36,90 +36,13 @@ def valid_cell(text: str) -> bool:
     return bool(CELL.match(text))
 
 
-@dataclass
-class _Stat:
-    inode: int
-    size: int
-    mtime: float
-
-
-def _stat(path: Path) -> _Stat | None:
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return _Stat(st.st_ino, st.st_size, st.st_mtime)
-
-
-class JsonlIndex:
-    """Offsets of the complete lines of a JSON-lines file that only grows (or is replaced whole)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offsets: list[int] = []  # start of each non-blank complete line
-        self._end = 0  # bytes indexed so far (always just after a newline)
-        self._inode: int | None = None
-        self._lock = threading.Lock()
-
-    def refresh(self) -> bool:
-        """Index what was appended; True when the file was replaced or truncated (the index restarted)."""
-        with self._lock:
-            stat = _stat(self.path)
-            replaced = self._inode is not None and (stat is None or stat.inode != self._inode or stat.size < self._end)
-            if replaced:  # keep_metrics() rewrites the file atomically (a resume or a replaced cell)
-                self._offsets, self._end, self._inode = [], 0, None
-            if stat is None:
-                return replaced
-            self._inode = stat.inode
-            if stat.size > self._end:
-                with open(self.path, "rb") as handle:
-                    handle.seek(self._end)
-                    chunk = handle.read(stat.size - self._end)
-                complete = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
-                position = 0
-                while position < complete:
-                    newline = chunk.index(b"\n", position)
-                    if chunk[position:newline].strip():
-                        self._offsets.append(self._end + position)
-                    position = newline + 1
-                self._end += complete
-            return replaced
-
-    @property
-    def count(self) -> int:
-        return len(self._offsets)
-
-    def read(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
-        """Records of lines [since, since+limit) and the index of the next line; malformed lines are skipped."""
-        with self._lock:
-            since = max(0, min(since, len(self._offsets)))
-            stop = min(len(self._offsets), since + max(0, limit))
-            if since == stop:
-                return [], since
-            start, end = self._offsets[since], (self._offsets[stop] if stop < len(self._offsets) else self._end)
-            with open(self.path, "rb") as handle:
-                handle.seek(start)
-                chunk = handle.read(end - start)
-        records = []
-        for number, line in enumerate(chunk.splitlines(), since + 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line, parse_constant=lambda _: None)  # NaN/Infinity: not JSON, read as null
-            except ValueError:
-                log.warning("%s:%d: skipping a malformed line", self.path, number)
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records, stop
-
-
 class RunFiles:
     """What the dashboard reads from `<runs>/<experiment>/`: never writes, never imports torch."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.metrics = JsonlIndex(self.path / "metrics.jsonl")
+        self.run = RunDirectory(self.path)  # where each file is; read here, never written
+        self.metrics = JsonlIndex(self.run.metrics_path)
         self._config: tuple[float, dict[str, Any]] | None = None
         self._layouts: tuple[int, int, list[dict[str, Any]]] | None = None
 
@@ -128,18 +51,18 @@ class RunFiles:
         return self.path.name
 
     def exists(self) -> bool:
-        return (self.path / "config.yaml").is_file()
+        return RunDirectory(self.path).is_run()
 
     # ---- configuration and layouts -------------------------------------------------------------
 
     def config(self) -> dict[str, Any]:
         """config.yaml as plain data (cached until it changes); {} when unreadable."""
-        stat = _stat(self.path / "config.yaml")
+        stat = file_stat(self.run.config_path)
         if stat is None:
             return {}
         if self._config is None or self._config[0] != stat.mtime:
             try:
-                raw = yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+                raw = yaml.safe_load(self.run.config_path.read_text()) or {}
             except (OSError, yaml.YAMLError) as error:
                 log.warning("%s: unreadable config.yaml: %s", self.path, error)
                 raw = {}
@@ -148,8 +71,8 @@ class RunFiles:
 
     def layouts(self) -> list[dict[str, Any]]:
         """Every line of topology.jsonl: {epoch, rows, cols, cells: {"r-c": worker}}."""
-        path = self.path / "topology.jsonl"
-        stat = _stat(path)
+        path = self.run.topology_path
+        stat = file_stat(path)
         if stat is None:
             return []
         if self._layouts is None or self._layouts[:2] != (stat.inode, stat.size):
@@ -185,9 +108,9 @@ class RunFiles:
 
     def state(self, now: float | None = None) -> str:
         """finished (result/ranking.json exists), running (written to lately) or stopped."""
-        if (self.path / "result" / "ranking.json").is_file():
+        if self.run.ranking_path.is_file():
             return "finished"
-        stats = [_stat(self.path / name) for name in ("metrics.jsonl", "topology.jsonl", "config.yaml")]
+        stats = [file_stat(p) for p in (self.run.metrics_path, self.run.topology_path, self.run.config_path)]
         newest = max((s.mtime for s in stats if s is not None), default=0.0)
         return "running" if (now or time.time()) - newest < LIVE_WINDOW_S else "stopped"
 
@@ -225,7 +148,7 @@ class RunFiles:
     # ---- images and results --------------------------------------------------------------------
 
     def sample_iterations(self, cell: str) -> list[int]:
-        folder = self.path / "samples" / cell
+        folder = self.run.samples_dir(cell)
         if not CELL.match(cell) or not folder.is_dir():
             return []
         return sorted(int(m[1]) for name in os.listdir(folder) if (m := _SAMPLE.match(name)))
@@ -233,22 +156,22 @@ class RunFiles:
     def sample_png(self, cell: str, iteration: int) -> Path | None:
         if not CELL.match(cell) or iteration < 0:
             return None
-        path = self.path / "samples" / cell / f"iter-{iteration}.png"
+        path = self.run.samples_path(cell, iteration)
         return path if path.is_file() else None
 
     def real_png(self) -> Path | None:
-        path = self.path / "samples" / "real.png"
+        path = self.run.real_samples_path
         return path if path.is_file() else None
 
     def result_png(self) -> Path | None:
-        path = self.path / "result" / "samples.png"
+        path = self.run.result_samples_path
         return path if path.is_file() else None
 
     def result(self) -> dict[str, Any]:
         """ranking.json and scores.json as they are (null when not written yet)."""
         return {
-            "ranking": _read_json(self.path / "result" / "ranking.json"),
-            "scores": _read_json(self.path / "scores.json"),
+            "ranking": _read_json(self.run.ranking_path),
+            "scores": _read_json(self.run.scores_path),
             "samples": self.result_png() is not None,
             "real": self.real_png() is not None,
         }
@@ -274,7 +197,7 @@ class RunsFolder:
     @property
     def single(self) -> bool:
         """Whether the folder is itself a run directory (`palomino train --dashboard`)."""
-        return (self.path / "config.yaml").is_file()
+        return RunDirectory(self.path).is_run()
 
     def ids(self) -> list[str]:
         if self.single:
@@ -283,7 +206,7 @@ class RunsFolder:
             names = os.listdir(self.path)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(n for n in names if valid_experiment_id(n) and (self.path / n / "config.yaml").is_file())
+        return sorted(n for n in names if valid_experiment_id(n) and RunDirectory(self.path / n).is_run())
 
     def get(self, experiment: str) -> RunFiles | None:
         if not valid_experiment_id(experiment):

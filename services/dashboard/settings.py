@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from palomino.errors import ConfigError
+from palomino.errors import ConfigError, describe_validation
 from palomino.services.common.auth import check_token
 
 DEFAULT_RUNS = Path("runs")
@@ -77,10 +77,10 @@ def dashboard_settings(**flags: object) -> DashboardSettings:
     try:
         return DashboardSettings(**given)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "dashboard"
-        name = _NAMES.get(field, "PALOMINO_" + field.upper())
-        raise ConfigError(f"dashboard: {name}: {first['msg'].removeprefix('Value error, ')}") from None
+        name = describe_validation(
+            error, lambda field: _NAMES.get(field, "PALOMINO_" + field.upper()), show_input=False
+        )
+        raise ConfigError(f"dashboard: {name}") from None
 
 
 _FIELDS = {"orchestrator": "orchestrator_url", "broker": "broker_url", "runs": "dashboard_runs"}

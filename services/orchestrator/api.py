@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from palomino.services.common.auth import bearer_guard
 from palomino.services.common.http import unprocessable
 from palomino.services.common.runfiles import RunFiles, valid_cell
 from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.states import STATES
+from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.service import Orchestrator, TooBusy
 
 MAX_CONFIG_BYTES = 256 * 1024  # an experiment's YAML: a few kB in practice
@@ -83,7 +86,6 @@ class OrchestratorCounters:
 
 def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     orchestrator = Orchestrator(settings, runs)
-    roots = data_roots(settings.data_roots)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -92,23 +94,31 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
 
     app = FastAPI(title="Palomino orchestrator", lifespan=lifespan)
     app.state.orchestrator = orchestrator
-    registry = CollectorRegistry()
-    gauges = {
-        "experiments": Gauge("palomino_experiments", "Experiments by state", ["state"], registry=registry),
-        "workers": Gauge("palomino_workers_alive", "Workers with a live heartbeat", registry=registry),
-    }
-    registry.register(OrchestratorCounters(orchestrator))
-
     # Everything but /healthz and /metrics needs the token, when there is one.
-    api = APIRouter(dependencies=[Depends(bearer_guard(settings.token, "PALOMINO_ORCHESTRATOR_TOKEN"))])
+    guard = Depends(bearer_guard(settings.token, "PALOMINO_ORCHESTRATOR_TOKEN"))
+    lookup = experiment_lookup(orchestrator)
+    app.include_router(experiments_router(orchestrator, settings, lookup), dependencies=[guard])
+    app.include_router(run_files_router(lookup), dependencies=[guard])
+    app.include_router(health_router(orchestrator))
+    return app
 
-    def lookup(experiment_id: str):
-        if not _ID.match(experiment_id):
-            raise HTTPException(404, f"no experiment {experiment_id!r}")
-        experiment = orchestrator.get(experiment_id)
+
+def experiment_lookup(orchestrator: Orchestrator) -> Callable[[str], Experiment]:
+    def lookup(experiment_id: str) -> Experiment:
+        experiment = orchestrator.get(experiment_id) if _ID.match(experiment_id) else None
         if experiment is None:
             raise HTTPException(404, f"no experiment {experiment_id!r}")
         return experiment
+
+    return lookup
+
+
+def experiments_router(
+    orchestrator: Orchestrator, settings: ServiceSettings, lookup: Callable[[str], Experiment]
+) -> APIRouter:
+    """Submit, list, read, page the metrics of and delete experiments."""
+    api = APIRouter()
+    roots = data_roots(settings.data_roots)
 
     @api.post("/experiments", status_code=201)
     async def submit(request: Request) -> dict:
@@ -135,25 +145,30 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     async def metrics(
         experiment_id: str, since: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=MAX_METRICS_PAGE)
     ) -> dict:
-        experiment = lookup(experiment_id)
-        records, following, total = await asyncio.to_thread(orchestrator.metrics_page, experiment, since, limit)
-        return {"since": since, "next": following, "total": total, "records": records}
+        # Read incrementally, off the event loop: never the whole file.
+        return await asyncio.to_thread(lookup(experiment_id).files.metrics_page, since, limit)
 
-    # ---- read-only views of the run directory (for dashboards on other machines) -------------
+    @api.delete("/experiments/{experiment_id}")
+    async def delete(experiment_id: str) -> dict:
+        experiment = lookup(experiment_id)
+        await orchestrator.cancel(experiment)
+        return experiment.summary(orchestrator.alive)
+
+    return api
+
+
+def run_files_router(lookup: Callable[[str], Experiment]) -> APIRouter:
+    """Read-only views of an experiment's run directory, for dashboards on other machines."""
+    api = APIRouter()
 
     def files_of(experiment_id: str, cell: str | None = None) -> RunFiles:
-        files = RunFiles(lookup(experiment_id).run.path)
+        files = lookup(experiment_id).files
         if cell is not None:
             if not valid_cell(cell):
                 raise unprocessable("path", "cell", f"cell {cell!r}: use ROW-COL, e.g. 0-1")
             if not files.has_cell(cell):
                 raise HTTPException(404, f"experiment {experiment_id!r} has no cell {cell} in any of its layouts")
         return files
-
-    def png(path: Path | None, what: str) -> Response:
-        if path is None:
-            raise HTTPException(404, f"no {what} yet")
-        return Response(path.read_bytes(), media_type="image/png")
 
     @api.get("/experiments/{experiment_id}/topology")
     async def topology(experiment_id: str) -> dict:
@@ -166,11 +181,11 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
     @api.get("/experiments/{experiment_id}/cells/{cell}/samples/{iteration}.png")
     async def sample_png(experiment_id: str, cell: str, iteration: int) -> Response:
         path = files_of(experiment_id, cell).sample_png(cell, iteration)
-        return png(path, f"samples of cell {cell} at iteration {iteration}")
+        return _png(path, f"samples of cell {cell} at iteration {iteration}")
 
     @api.get("/experiments/{experiment_id}/samples/real.png")
     async def real_png(experiment_id: str) -> Response:
-        return png(files_of(experiment_id).real_png(), "real samples (samples/real.png)")
+        return _png(files_of(experiment_id).real_png(), "real samples (samples/real.png)")
 
     @api.get("/experiments/{experiment_id}/result")
     async def result(experiment_id: str) -> dict:
@@ -179,17 +194,26 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
 
     @api.get("/experiments/{experiment_id}/result/samples.png")
     async def result_png(experiment_id: str) -> Response:
-        return png(files_of(experiment_id).result_png(), "result samples (result/samples.png)")
+        return _png(files_of(experiment_id).result_png(), "result samples (result/samples.png)")
 
-    @api.delete("/experiments/{experiment_id}")
-    async def delete(experiment_id: str) -> dict:
-        experiment = lookup(experiment_id)
-        await orchestrator.cancel(experiment)
-        return experiment.summary(orchestrator.alive)
+    return api
 
-    app.include_router(api)
 
-    @app.get("/healthz")
+def _png(path: Path | None, what: str) -> Response:
+    if path is None:
+        raise HTTPException(404, f"no {what} yet")
+    return Response(path.read_bytes(), media_type="image/png")
+
+
+def health_router(orchestrator: Orchestrator) -> APIRouter:
+    """/healthz and Prometheus's /metrics: open, for probes and scrapers."""
+    api = APIRouter()
+    registry = CollectorRegistry()
+    experiments = Gauge("palomino_experiments", "Experiments by state", ["state"], registry=registry)
+    workers = Gauge("palomino_workers_alive", "Workers with a live heartbeat", registry=registry)
+    registry.register(OrchestratorCounters(orchestrator))
+
+    @api.get("/healthz")
     async def healthz(response: Response) -> dict:
         # A consumer whose handler never returns holds its queue: that is not healthy, whatever else is.
         stalled = max(orchestrator.control.in_flight.stalled_for(), orchestrator.scoring.in_flight.stalled_for())
@@ -202,12 +226,11 @@ def create_app(settings: ServiceSettings, runs: Path) -> FastAPI:
             "workers_alive": len(orchestrator.alive),
         }
 
-    @app.get("/metrics")
+    @api.get("/metrics")
     async def prometheus() -> Response:
-        for state in ("waiting", "running", "finished", "failed", "stopped"):
-            count = sum(1 for e in orchestrator.experiments.values() if e.state == state)
-            gauges["experiments"].labels(state=state).set(count)
-        gauges["workers"].set(len(orchestrator.alive))
+        for state in STATES:
+            experiments.labels(state=state).set(sum(1 for e in orchestrator.experiments.values() if e.state == state))
+        workers.set(len(orchestrator.alive))
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
-    return app
+    return api

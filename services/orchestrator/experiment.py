@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
-from palomino.grid import Coord, Topology, parse_coord
+from palomino.grid import Coord, Topology, cell_name, parse_coord
 from palomino.grid.partition import Partition, class_rectangle, partition_grid
-from palomino.runs.directory import LineIndex, RunDirectory
+from palomino.runs.directory import RunDirectory
 from palomino.runs.result import CellResult
+from palomino.services.common.runfiles import RunFiles
+from palomino.services.common.states import ENDED, State
 from palomino.services.orchestrator.experiment_store import read_collected, write_state
 
 log = logging.getLogger(__name__)
-State = Literal["waiting", "running", "finished", "failed", "stopped"]
 
 
 @dataclass
@@ -61,11 +63,15 @@ class Experiment:
     collecting: bool = False  # every cell is done and result/ is being written
     client: str = ""  # who submitted it (the API's peer address): submissions are capped per client
     ended_at: float | None = None  # wall time it ended: listed until the retention has passed
-    metrics_index: LineIndex | None = None  # for the API's metrics pages (made on first use)
+
+    @cached_property
+    def files(self) -> RunFiles:
+        """The API's read-only view of the run directory, kept: its metrics index grows with the file."""
+        return RunFiles(self.run.path)
 
     @property
     def finished(self) -> bool:
-        return self.state in ("finished", "failed", "stopped")
+        return self.state in ENDED
 
     def summary(self, alive: set[str] | None = None) -> dict[str, Any]:
         topology = self.topology
@@ -136,9 +142,7 @@ class Experiment:
         collected = read_collected(run.path, list(saved.get("done", [])))
         experiment.done = {parse_coord(c): result for c, result in collected.items()}
         experiment.recorded = {
-            ("-".join(map(str, r["cell"])), int(r["iteration"]))
-            for r in run.metrics()
-            if "cell" in r and "iteration" in r
+            (cell_name(r["cell"]), int(r["iteration"])) for r in run.metrics() if "cell" in r and "iteration" in r
         }
         if saved.get("partition"):
             experiment.partition = Partition.from_json(saved["partition"])

@@ -10,9 +10,10 @@ import time
 from aiormq.exceptions import AMQPError
 
 from palomino.errors import PalominoError
-from palomino.grid import Coord, Topology, rectangle
+from palomino.grid import Coord, Topology, cell_name, rectangle
 from palomino.runs.checkpoints import newest_valid
-from palomino.services.orchestrator.experiment import Experiment, State, class_layout
+from palomino.services.common.states import State
+from palomino.services.orchestrator.experiment import Experiment, class_layout
 from palomino.services.orchestrator.shared import Shared
 from palomino.transport.control import cell_address
 from palomino.transport.rabbitmq import forget_published, newest_published
@@ -127,9 +128,7 @@ class Placement:
                 (meta or {}).get("from", "a checkpoint" if payload else "scratch"),
             )
             # The iterations it will redo are recorded again by the newcomer.
-            experiment.run.keep_metrics(
-                lambda r: "-".join(map(str, r["cell"])) != str(coord) or r["iteration"] < resumed
-            )
+            experiment.run.keep_metrics(lambda r: cell_name(r["cell"]) != str(coord) or r["iteration"] < resumed)
             experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
         rows, cols = experiment.shape_of(coord)
         message = Assign(

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from palomino.grid import Coord, rectangle, relayout
+from palomino.grid import Coord, Topology, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
@@ -100,30 +100,10 @@ class Recovery:
         survivors = [w for c, w in sorted(experiment.cells.items()) if c not in dead]
         moved = {w for c, w in placed.items() if experiment.cells.get(c) != w}
         released = [w for w in survivors if w not in placed.values()]
-        for coord, worker in dead.items():
-            shape = f"{rows}x{cols}"
-            if partition is not None:  # the class's new sub-grid
-                grid = partition.grid_for(experiment.partition.class_of(coord))
-                shape = f"class {grid.label}: {grid.rows}x{grid.cols}"
-            experiment.failures.append(
-                {"worker": worker, "cell": str(coord), "action": "shrink", "to": shape, "at": time.time()}
-            )
+        self._record_shrink(experiment, dead, f"{rows}x{cols}", partition)
         working = set(self.shared.working_on(experiment)) - set(dead.values())
-        # Cells that already finished keep their result, under their (possibly new) coordinate.
-        result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
-        experiment.done = {c: result_of[w] for c, w in placed.items() if w in result_of}
-        for coord, result in experiment.done.items():
-            result.cell = str(coord)
-            await asyncio.to_thread(write_collected, experiment.run.path, result)  # kept under its new name
-        # A coordinate taken by another worker starts a new history: the old one is set aside,
-        # so a later restore never picks up the previous occupant's individuals.
-        for coord, worker in placed.items():
-            folder = experiment.run.checkpoint_dir(coord)
-            if experiment.cells.get(coord) != worker:
-                if folder.exists():
-                    folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
-                experiment.history_since[coord] = experiment.topology.epoch + 1
-                await self.placement.forget_published(experiment, coord)
+        await self._rename_results(experiment, placed)
+        await self._new_histories(experiment, placed)
         was_at = {w: c for c, w in experiment.cells.items()}
         experiment.moved_from = {w: was_at[w] for c, w in placed.items() if w in working and was_at[w] != c}
         experiment.cells = placed
@@ -131,32 +111,57 @@ class Recovery:
         topology = await self.placement.new_epoch(experiment, rows, cols)
         log.info(
             "experiment %s shrinks to %d×%d (epoch %d); %d moved, %d released",
-            experiment.id,
-            rows,
-            cols,
-            topology.epoch,
-            len(moved),
-            len(released),
+            *(experiment.id, rows, cols, topology.epoch, len(moved), len(released)),
         )
+        await self._send_resizes(experiment, placed, [w for w in released if w in working], working, topology)
+        await self.results.maybe_finish(experiment)
+
+    @staticmethod
+    def _record_shrink(experiment: Experiment, dead: dict[Coord, str], shape: str, partition: Partition | None) -> None:
+        for coord, worker in dead.items():
+            to = shape
+            if partition is not None:  # the class's new sub-grid
+                grid = partition.grid_for(experiment.partition.class_of(coord))
+                to = f"class {grid.label}: {grid.rows}x{grid.cols}"
+            experiment.failures.append(
+                {"worker": worker, "cell": str(coord), "action": "shrink", "to": to, "at": time.time()}
+            )
+
+    @staticmethod
+    async def _rename_results(experiment: Experiment, placed: dict[Coord, str]) -> None:
+        """Cells that already finished keep their result, under their (possibly new) coordinate."""
+        result_of = {experiment.cells[c]: r for c, r in experiment.done.items()}
+        experiment.done = {c: result_of[w] for c, w in placed.items() if w in result_of}
+        for coord, result in experiment.done.items():
+            result.cell = str(coord)
+            await asyncio.to_thread(write_collected, experiment.run.path, result)  # kept under its new name
+
+    async def _new_histories(self, experiment: Experiment, placed: dict[Coord, str]) -> None:
+        """A coordinate taken by another worker starts a new history: the old one is set aside,
+        so a later restore never picks up the previous occupant's individuals."""
+        for coord, worker in placed.items():
+            folder = experiment.run.checkpoint_dir(coord)
+            if experiment.cells.get(coord) != worker:
+                if folder.exists():
+                    folder.rename(folder.with_name(f"{coord}.before-epoch-{experiment.topology.epoch + 1}"))
+                experiment.history_since[coord] = experiment.topology.epoch + 1
+                await self.placement.forget_published(experiment, coord)
+
+    async def _send_resizes(
+        self, experiment: Experiment, placed: dict[Coord, str], released: list[str], working: set[str], grid: Topology
+    ) -> None:
+        """Each working cell's new coordinate and grid; released workers go free."""
         for coord, worker in placed.items():
             if worker in working:  # finished cells and workers on other experiments are left alone
                 self.shared.workers[worker].coord = coord
-                shape = experiment.shape_of(coord)
+                rows, cols = experiment.shape_of(coord)
                 resize = Resize(
-                    experiment=experiment.id,
-                    worker=worker,
-                    coord=tuple(coord),
-                    rows=shape[0],
-                    cols=shape[1],
-                    epoch=topology.epoch,
+                    experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=grid.epoch
                 )
                 await self.shared.control.send(cell_address(worker), resize)
         for worker in released:
-            if worker not in working:
-                continue
             self.shared.workers[worker].free()
-            await self.shared.control.send(
-                cell_address(worker),
-                Resize(experiment=experiment.id, worker=worker, coord=None, rows=rows, cols=cols, epoch=topology.epoch),
+            resize = Resize(
+                experiment=experiment.id, worker=worker, coord=None, rows=grid.rows, cols=grid.cols, epoch=grid.epoch
             )
-        await self.results.maybe_finish(experiment)
+            await self.shared.control.send(cell_address(worker), resize)

@@ -54,7 +54,7 @@ def record_score(folder: Path, result: ScoreResult) -> None:
 
     from palomino.io import atomic_write
 
-    path = folder / "scores.json"
+    path = RunDirectory(folder).scores_path
     try:
         scores = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -135,23 +135,13 @@ class Results:
         scoring = experiment.config.scoring
         if not scoring.final:
             return
-        options = scoring.job_options()
         targets = [
             (str(coord), result.description, result.payload, None) for coord, result in sorted(experiment.done.items())
         ]
         if experiment.partition is None:  # a class mixture has no single payload: `palomino score` scores it
             targets.insert(0, await self._best_target(experiment, best))
         for target, description, payload, ensemble in targets:
-            job = ScoreJob(
-                job=f"{experiment.id}:{target}",
-                experiment=experiment.id,
-                target=target,
-                mixture=description,
-                data=experiment.config.data.model_dump(mode="json"),
-                data_seed=experiment.config.seed,
-                options=options,
-                ensemble=ensemble,
-            )
+            job = ScoreJob.of(experiment.id, experiment.config, target, description, ensemble=ensemble)
             try:
                 await self.shared.scoring.enqueue(job, payload)
             except PalominoError as error:
@@ -179,7 +169,7 @@ class Results:
         an ensemble's weights → result/ first."""
         experiment = self.shared.experiments.get(result.experiment)
         folder = experiment.run.path if experiment else self.shared.runs / result.experiment
-        if not (folder / "config.yaml").is_file():
+        if not RunDirectory(folder).is_run():
             log.info("score for unknown experiment %s dropped", result.experiment)
             return
         if result.target == "best" and result.ensemble is not None:

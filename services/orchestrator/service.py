@@ -17,9 +17,9 @@ from typing import Any
 
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
-from palomino.grid import Coord
+from palomino.grid import Coord, cell_name
 from palomino.runs.checkpoints import write_checkpoint_bytes
-from palomino.runs.directory import LineIndex, RunDirectory
+from palomino.runs.directory import RunDirectory
 from palomino.services.common.settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, TooBusy, Worker
 from palomino.services.orchestrator.experiment_store import read_states
@@ -184,12 +184,6 @@ class Orchestrator:
     def get(self, experiment_id: str) -> Experiment | None:
         return self.shared.experiments.get(experiment_id)
 
-    def metrics_page(self, experiment: Experiment, since: int, limit: int) -> tuple[list[dict[str, Any]], int, int]:
-        """(records since..since+limit, next, total) of metrics.jsonl, read incrementally (call it off the loop)."""
-        if experiment.metrics_index is None:
-            experiment.metrics_index = LineIndex(experiment.run.metrics_path)
-        return experiment.metrics_index.page(since, limit)
-
     # ---- control messages -----------------------------------------------------------------
 
     async def on_control(self, message: Any, payload: bytes) -> None:
@@ -220,7 +214,7 @@ class Orchestrator:
         if experiment.finished:
             return  # late messages of an ended experiment
         if isinstance(message, Metrics):
-            key = ("-".join(map(str, message.record.get("cell", []))), int(message.record.get("iteration", -1)))
+            key = (cell_name(message.record.get("cell", [])), int(message.record.get("iteration", -1)))
             if key in experiment.recorded:
                 return  # redelivered after a broker reconnect
             experiment.recorded.add(key)

@@ -1,0 +1,93 @@
+"""A cell's training data: its share of the dataset on its device, shuffled in epochs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from palomino.config import ExperimentConfig
+from palomino.data import Dataset, class_subset, diet
+from palomino.grid import Coord
+
+
+def cell_seed(seed: int, coord: Coord) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, coord[0], coord[1]])
+
+
+def cell_dataset(dataset: Dataset, config: ExperimentConfig, coord: Coord, label: int | None) -> Dataset:
+    """The samples one cell trains on: its class's (partitioned runs), then its diet's share."""
+    if label is not None:
+        dataset = class_subset(dataset, label)
+    if config.training.data_diet < 1:  # data dieting: a share of its own, seeded by the coordinate
+        share_seed = int(cell_seed(config.seed, coord).spawn(3)[2].generate_state(1)[0])
+        dataset = diet(dataset, config.training.data_diet, share_seed)
+    if config.network.conditional and dataset.labels is None:
+        raise ValueError(f"network.conditional needs labelled data; {dataset.name} has no labels")
+    return dataset
+
+
+class CellData:
+    """Batches in shuffled epochs and random draws, from the cell's own random stream.
+
+    `rng` is the cell's generator, shared: the order of draws is part of a run's reproducibility.
+    The order is drawn on the CPU, so a run's batches do not depend on the device.
+    """
+
+    def __init__(self, dataset: Dataset, rng: np.random.Generator, device: torch.device, *, labelled: bool) -> None:
+        self.rng, self.device = rng, device
+        self.samples = dataset.samples.to(device)
+        # Labels only for a conditional network (`labelled`): an unconditional one never sees them.
+        self.labels: torch.Tensor | None = None
+        self.classes: list[int] = []  # the labels present, for pictures
+        if labelled:
+            assert dataset.labels is not None, "cell_dataset checks that a conditional network has labels"
+            self.labels = dataset.labels.to(device)
+            self.classes = sorted(set(dataset.labels.tolist()))
+        self._reshuffle()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _reshuffle(self) -> None:
+        cpu = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
+        self.order = torch.randperm(len(self.samples), generator=cpu, device="cpu")
+        self._order_on_device = self.order.to(self.device)  # moved once per epoch, not per batch
+        self.cursor = 0
+
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next training batch and, for labelled data, its labels."""
+        size = min(batch_size, len(self.samples))
+        if self.cursor + size > len(self.order):
+            self._reshuffle()
+        index = self._order_on_device[self.cursor : self.cursor + size]
+        self.cursor += size
+        return self._take(index)
+
+    def random(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """n samples drawn with replacement (fitness and mixture scores), with their labels."""
+        index = torch.from_numpy(self.rng.integers(0, len(self.samples), size=n)).to(self.device)
+        return self._take(index)
+
+    def _take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.samples[index], None if self.labels is None else self.labels[index]
+
+    def sampled_labels(self, n: int) -> torch.Tensor | None:
+        """Labels for generated samples, drawn from the class priors (the labels of random samples)."""
+        if self.labels is None:
+            return None
+        return self.labels[torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)).to(self.device)]
+
+    def picture_labels(self, n: int) -> torch.Tensor:
+        """Labels for a picture of n samples: each class in turn, in equal blocks."""
+        classes = torch.tensor(self.classes, device=self.device)
+        return classes[torch.arange(n, device=self.device) * len(classes) // n]
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {"data.order": self.order.clone()}, {"cursor": self.cursor}
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        self.order = tensors["data.order"].clone()
+        self._order_on_device = self.order.to(self.device)
+        self.cursor = int(meta["cursor"])
