@@ -6,6 +6,9 @@ trainer in metrics.jsonl), on the same data and seeds:
 - plain      one GAN with the grid's total steps: same networks, loss, Adam; no coevolution;
 - indep-best N independent GANs with S steps each, the one whose MMD² to the training data is lowest;
 - indep-mix  their equal-weight mixture.
+- indep-regions  with training.data_regions: N independent GANs, GAN i on exactly the data cell i
+             trains on (its k-means region), mixed by their data's share: the grid's data split
+             without coevolution, so the table tells what each of the two contributes.
 Toys: modes covered and high-quality share (HQ) of 2,500 samples, and per-cell diversity (modes
 covered by each cell's own generator, their union). Images: FID with the classifier extractor and
 TVD of its predicted class histogram, against held-out real images the GANs never saw.
@@ -281,7 +284,34 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: P
         )
     )
     results.append(Result(name, seed, "indep-mix", g + d, sum(times), referee.score(baseline.sample(nets, critics))))
+    if config.training.data_regions:
+        results.append(regions_baseline(name, seed, config, train, per, pool, baseline, referee))
     return results
+
+
+def regions_baseline(
+    name: str,
+    seed: int,
+    config: ExperimentConfig,
+    train: Dataset,
+    per: tuple[int, int],
+    pool: ProcessPoolExecutor,
+    baseline: Baseline,
+    referee: Referee,
+) -> Result:
+    """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits it)."""
+    from palomino.coevolution.cell_data import cell_dataset
+    from palomino.grid import Topology
+
+    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
+    parts = [cell_dataset(train, config, coord, topology, None) for coord in topology.cells()]
+    dumped = config.model_dump(mode="json")
+    jobs = [pool.submit(train_plain, dumped, part, per, seed + 3000 + i) for i, part in enumerate(parts)]
+    built_nets = [built(config, part, job.result()) for part, job in zip(parts, jobs)]
+    nets, critics, times = zip(*built_nets)
+    shares = np.array([len(part) for part in parts], dtype=float)
+    samples = baseline.sample(list(nets), list(critics), shares / shares.sum())
+    return Result(name, seed, "indep-regions", sum(per) * len(parts), sum(times), referee.score(samples))
 
 
 def built(
@@ -308,9 +338,11 @@ class Baseline:
     n: int
     seed: int
 
-    def sample(self, generators: list[torch.nn.Module], critics: list[torch.nn.Module]) -> torch.Tensor:
+    def sample(
+        self, generators: list[torch.nn.Module], critics: list[torch.nn.Module], weights: np.ndarray | None = None
+    ) -> torch.Tensor:
         quantile = self.config.training.ensemble.critic_quantile
-        weights = np.full(len(generators), 1 / len(generators))
+        weights = np.full(len(generators), 1 / len(generators)) if weights is None else weights
         if quantile <= 0:
             return draw(generators, weights, self.n, self.config.network.latent_dim, self.seed + 100)
         from palomino.coevolution.rejection import CriticFilter

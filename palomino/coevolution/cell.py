@@ -93,7 +93,8 @@ class Cell:
                 f"cell {self.coord}: a partitioned experiment's cell needs its class's sub-grid "
                 "(palomino.grid.class_grid_at), not the whole grid"
             )
-        dataset = cell_dataset(dataset, config, self.coord, self.label)
+        self.source = dataset  # the whole dataset: a relocated cell's regions are cut from it again
+        dataset = cell_dataset(dataset, config, self.coord, topology, self.label)
         self.conditional = config.network.conditional
         self.label_count = label_count(dataset) if self.conditional else None
         self.fitness_loss = get_loss(config.training.losses[0])
@@ -120,6 +121,9 @@ class Cell:
             raise ValueError(f"cell {self.coord} trains class {self.label}; it cannot move to class {label}'s sub-grid")
         self.coord, self.topology = Coord(*coord), topology
         self.slots.clear()
+        if self.config.training.data_regions:  # its neighbourhood's regions, on the new grid
+            dataset = cell_dataset(self.source, self.config, self.coord, topology, self.label)
+            self.data = self.training.data = CellData(dataset, self.rng, self.device, labelled=self.conditional)
         for ind in [*self.generators, *self.discriminators]:
             ind.origin = str(self.coord)
 

@@ -9,23 +9,45 @@ import torch
 
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset, class_subset, diet
-from palomino.grid import Coord
+from palomino.data.regions import region_labels, regions_subset
+from palomino.errors import DatasetError
+from palomino.grid import Coord, Topology
+from palomino.grid.partition import ClassGrid
 
 
 def cell_seed(seed: int, coord: Coord) -> np.random.SeedSequence:
     return np.random.SeedSequence([seed, coord[0], coord[1]])
 
 
-def cell_dataset(dataset: Dataset, config: ExperimentConfig, coord: Coord, label: int | None) -> Dataset:
-    """The samples one cell trains on: its class's (partitioned runs), then its diet's share."""
+def cell_dataset(
+    dataset: Dataset, config: ExperimentConfig, coord: Coord, topology: Topology | ClassGrid, label: int | None
+) -> Dataset:
+    """The samples one cell trains on: its class's (partitioned runs), its own region
+    (data_regions), then its diet's share."""
     if label is not None:
         dataset = class_subset(dataset, label)
+    if config.training.data_regions and topology.size > 1:
+        dataset = own_region(dataset, config.seed, coord, topology)
     if config.training.data_diet < 1:  # data dieting: a share of its own, seeded by the coordinate
         share_seed = int(cell_seed(config.seed, coord).spawn(3)[2].generate_state(1)[0])
         dataset = diet(dataset, config.training.data_diet, share_seed)
     if config.network.conditional and dataset.labels is None:
         raise ValueError(f"network.conditional needs labelled data; {dataset.name} has no labels")
     return dataset
+
+
+def own_region(dataset: Dataset, seed: int, coord: Coord, topology: Topology | ClassGrid) -> Dataset:
+    """The samples of `coord`'s own region: one k-means cluster per cell, the same in every
+    process for a seed; cell (r, c) owns region r·cols + c of its grid."""
+    first_row = topology.row_offset if isinstance(topology, ClassGrid) else 0
+    labels = region_labels(dataset, topology.size, seed)
+    subset = regions_subset(dataset, labels, {(coord[0] - first_row) * topology.cols + coord[1]})
+    if len(subset) == 0:
+        raise DatasetError(
+            f"cell {Coord(*coord)}: its region of {dataset.name} holds no samples "
+            f"({len(dataset)} samples in {topology.size} regions); use more data or training.data_regions: false"
+        )
+    return subset
 
 
 class CellData:

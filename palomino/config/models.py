@@ -209,6 +209,12 @@ class TrainingConfig(_Strict):
         le=1,
         description="share of the data each cell trains on: its own seeded random subset (data dieting, Toutouh et al. 2020)",
     )
+    data_regions: bool = Field(
+        False,
+        description="each cell trains on its own region of the data: one k-means cluster per cell (seeded, the same "
+        "in every process), so each generator has a few modes to learn; the whole-grid ensemble joins them "
+        "(docs/engine.md)",
+    )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     mutation: MutationConfig = Field(default_factory=MutationConfig)

@@ -1,0 +1,66 @@
+"""Regions of the data: k-means clusters, one per cell, so that each cell can train on its
+neighbourhood's part of the distribution (`training.data_regions`).
+
+A cell of an R×C grid trains on the regions of its neighbourhood (itself and its neighbours),
+so every region is learnt by as many cells as a neighbourhood holds, neighbours share regions
+(their individuals stay comparable and migrate), and each generator has fewer modes to cover
+in the same number of steps. The whole-grid ensemble puts them back together.
+
+Lloyd's k-means in torch, seeded: every process of a distributed run computes the same regions
+from the same data, with no coordination. (scikit-learn's KMeans would bring scipy into the cell
+image for these few lines.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from palomino.data.dataset import Dataset
+
+FIT_SAMPLES = 10_000  # k-means is fitted on at most this many samples, then every sample is assigned
+ROUNDS = 50
+
+
+def kmeans(points: torch.Tensor, k: int, seed: int, rounds: int = ROUNDS) -> torch.Tensor:
+    """k centroids of `points` (n × d): k-means++ seeding, then Lloyd's rounds."""
+    g = torch.Generator().manual_seed(seed)
+    points = points.double()
+    if k >= len(points):
+        return points[torch.randperm(len(points), generator=g)][:k].clone()
+    centres = [points[int(torch.randint(len(points), (1,), generator=g))]]
+    nearest = torch.cdist(points, centres[0][None]).squeeze(1) ** 2
+    for _ in range(1, k):  # k-means++: far points are likelier next centres
+        weights = nearest / nearest.sum() if nearest.sum() > 0 else torch.ones_like(nearest)
+        centre = points[int(torch.multinomial(weights, 1, generator=g))]
+        centres.append(centre)
+        nearest = torch.minimum(nearest, ((points - centre) ** 2).sum(1))
+    centroids = torch.stack(centres)
+    for _ in range(rounds):
+        assigned = torch.cdist(points, centroids).argmin(1)
+        moved = centroids.clone()
+        for j in range(k):
+            members = points[assigned == j]
+            if len(members):  # an empty cluster keeps its centre
+                moved[j] = members.mean(0)
+        if torch.equal(moved, centroids):
+            break
+        centroids = moved
+    return centroids
+
+
+def region_labels(dataset: Dataset, k: int, seed: int) -> torch.Tensor:
+    """Each sample's region (0 … k−1): its nearest of k centroids fitted on a seeded subset."""
+    flat = dataset.samples.reshape(len(dataset), -1).float()
+    g = torch.Generator().manual_seed(seed)
+    fit = flat[torch.randperm(len(flat), generator=g)[:FIT_SAMPLES]]
+    centroids = kmeans(fit, k, seed).float()
+    return torch.cat([torch.cdist(chunk, centroids).argmin(1) for chunk in flat.split(4096)])
+
+
+def regions_subset(dataset: Dataset, labels: torch.Tensor, regions: set[int]) -> Dataset:
+    """The samples whose region is in `regions`."""
+    index = torch.isin(labels, torch.tensor(sorted(regions), dtype=labels.dtype)).nonzero().squeeze(1)
+    samples_labels = None if dataset.labels is None else dataset.labels[index]
+    return dataclasses.replace(dataset, samples=dataset.samples[index], labels=samples_labels)
