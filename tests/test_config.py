@@ -260,3 +260,10 @@ def test_the_reference_shows_defaults_choices_and_bounds() -> None:
 def test_an_adam_beta_of_one_is_refused() -> None:
     with pytest.raises(ConfigError, match="adam_betas"):
         parse_config({"training": {"adam_betas": [0.5, 1.0]}})
+
+
+@pytest.mark.parametrize(
+    "example", sorted((Path(__file__).parents[1] / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_example_loads(example: Path) -> None:
+    assert load_config(example).name

@@ -70,6 +70,7 @@ class Cell:
     Its parts: `data` (batches and draws), `networks` (new individuals), `slots` (neighbours'
     snapshots as individuals), `training` (the gradient steps); cell_state has its snapshot
     and checkpoint. All draw from one random stream, in a fixed order: a seed gives one run.
+    (A little over 200 lines: what is left is the iteration's steps, read in their order.)
     """
 
     def __init__(
