@@ -429,7 +429,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         if key == "hq":
             for i, r in enumerate(mine):
                 ax.text(
-                    i, r[key]["mean"] / 2, f"{r['modes']['mean']:.1f} modes", ha="center", fontsize=8, color="white"
+                    i, r[key]["mean"] / 2, f"{r['modes']['mean']:.1f}\nmodes", ha="center", fontsize=7, color="white"
                 )
         ax.set_title(f"{case} ({key}; {mine[0]['seeds']} seeds)")
         ax.tick_params(axis="x", labelsize=8)
