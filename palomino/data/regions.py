@@ -1,10 +1,6 @@
-"""Regions of the data: k-means clusters, one per cell, so that each cell can train on its
-neighbourhood's part of the distribution (`training.data_regions`).
-
-A cell of an R×C grid trains on the regions of its neighbourhood (itself and its neighbours),
-so every region is learnt by as many cells as a neighbourhood holds, neighbours share regions
-(their individuals stay comparable and migrate), and each generator has fewer modes to cover
-in the same number of steps. The whole-grid ensemble puts them back together.
+"""Regions of the data: k-means clusters, one per cell, so that each cell can train on its own
+part of the distribution (`training.data_regions`): each generator then has a few modes to
+learn in its steps, and the whole-grid ensemble joins the specialists.
 
 Lloyd's k-means in torch, seeded: every process of a distributed run computes the same regions
 from the same data, with no coordination. (scikit-learn's KMeans would bring scipy into the cell
