@@ -40,6 +40,7 @@ import torch
 
 from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, FrechetScore
 from palomino.coevolution.mixture import MixtureScore
+from palomino.coevolution.schedule import decay_factor
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
 from palomino.data import Dataset, load_dataset
@@ -196,6 +197,9 @@ def train_plain(config_json: dict, train: Dataset, steps: tuple[int, int], seed:
     batch, latent = min(t.batch_size, len(train)), config.network.latent_dim
     done_d = 0
     for step in range(g_steps):
+        scale = decay_factor(t.decay, step / g_steps)  # the grid's schedule, over the same share of the run
+        for group in [*opt_g.param_groups, *opt_d.param_groups]:
+            group["lr"] = t.learning_rate * scale
         z = torch.randn(batch, latent)
         opt_g.zero_grad(set_to_none=True)
         loss.generator(D(G(z))).backward(inputs=list(G.parameters()))

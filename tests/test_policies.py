@@ -10,8 +10,10 @@ from conftest import tiny
 from palomino.coevolution import Cell
 from palomino.coevolution.ensemble import FrechetScore, frechet_distance, greedy_forward, optimise_ensemble
 from palomino.coevolution.mixture import MixtureScore
+from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.selection import generational, neighbourhood_select, replace
 from palomino.config import parse_config
+from palomino.config.models import DecayConfig
 from palomino.data import diet, load_dataset
 from palomino.errors import ConfigError
 from palomino.grid import Coord, Topology
@@ -84,6 +86,39 @@ def test_a_cell_with_generational_replacement_holds_its_trained_offspring() -> N
     cell.iterate({})
     assert not before & {id(ind) for ind in cell.generators}  # no parent kept
     assert len(cell.generators) == 2
+
+
+# ---- the step size's decay ----------------------------------------------------------------------
+
+
+def test_decay_is_flat_until_its_start_then_linear_down_to_its_final_multiplier() -> None:
+    decay = DecayConfig(start=0.5, final=0.1)
+    assert decay_factor(decay, 0.0) == decay_factor(decay, 0.5) == 1.0
+    assert decay_factor(decay, 0.75) == pytest.approx(0.55)
+    assert decay_factor(decay, 1.0) == pytest.approx(0.1)
+    assert decay_factor(DecayConfig(), 0.99) == 1.0  # the default never decays
+
+
+def test_a_cell_steps_with_the_decayed_rate_and_its_individuals_keep_their_own() -> None:
+    cfg = parse_config(
+        tiny(
+            training={
+                "iterations": 4,
+                "learning_rate": 0.001,
+                "mutation": {"probability": 0.0},
+                "decay": {"start": 0.5, "final": 0.1},
+            }
+        )
+    )
+    cell = Cell(Coord(0, 0), Topology(1, 1), cfg, load_dataset(cfg.data, 0), experiment="t")
+    steps = []
+    for _ in range(4):
+        cell.iterate({})
+        g = cell.generators.best
+        steps.append(g.optimizer.param_groups[0]["lr"])
+        assert g.learning_rate == pytest.approx(0.001)  # inherited and mutated undecayed
+    # iteration i steps at progress i/4: flat through 0.5, then 1 − 0.9·(0.75 − 0.5)/0.5
+    assert steps == pytest.approx([0.001, 0.001, 0.001, 0.00055])
 
 
 # ---- data dieting -----------------------------------------------------------------------------

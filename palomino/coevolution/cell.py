@@ -225,7 +225,7 @@ class Cell:
         return [apply(g.network, z, labels) for g in generators]
 
     def _train(self, new_g: list[Individual], new_d: list[Individual]) -> Steps:
-        return self.training.run(new_g, new_d)
+        return self.training.run(new_g, new_d, self.iteration)
 
     def _evolve_mixture(self, generators: list[Individual], coords: list[Coord]) -> None:
         mixture = self.config.training.mixture

@@ -26,10 +26,11 @@ class Individual:
     loss: str = ""  # the loss of its last training step (Mustangs)
     origin: str = ""  # "r-c" of the cell that trained it last
 
-    def set_learning_rate(self, learning_rate: float) -> None:
+    def set_learning_rate(self, learning_rate: float, scale: float = 1.0) -> None:
+        """Its own rate (inherited, mutated) and the step the optimiser takes: rate × the schedule's scale."""
         self.learning_rate = learning_rate
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
+            group["lr"] = learning_rate * scale
 
     def clone(self) -> Individual:
         """An independent copy, Adam moments included (selection copies, never aliases)."""

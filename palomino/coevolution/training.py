@@ -12,6 +12,7 @@ import torch
 from palomino.coevolution.cell_data import CellData
 from palomino.coevolution.individual import Individual
 from palomino.coevolution.mutation import mutate_learning_rates
+from palomino.coevolution.schedule import decay_factor
 from palomino.config import TrainingConfig
 from palomino.nn import apply, get_loss
 from palomino.nn.losses import GanLoss
@@ -39,7 +40,7 @@ class Training:
     def batches_per_iteration(self) -> int:
         return self.config.batches_per_iteration or max(1, len(self.data) // self.config.batch_size)
 
-    def run(self, new_g: list[Individual], new_d: list[Individual]) -> Steps:
+    def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int = 0) -> Steps:
         """Each batch: every selected generator steps against a random selected discriminator,
         then every selected discriminator against a random selected generator (Lipizzaner's
         order and opponents: the sub-populations that selection drew from the neighbourhood,
@@ -48,6 +49,7 @@ class Training:
         Conditional networks: the generator's labels are drawn from the class priors; the
         discriminator sees the real batch with its labels and fakes made with the same labels."""
         training = self.config
+        scale = decay_factor(training.decay, iteration / training.iterations)
         params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
         losses = {name: get_loss(name) for name in training.losses}
         steps = Steps()
@@ -59,13 +61,13 @@ class Training:
             # WGAN-GP: the critic takes n_critic steps per generator step.
             if loss_name != "wgan_gp" or step % training.n_critic == 0:
                 for ind in new_g:
-                    self._mutate(ind)
+                    self._mutate(ind, scale)
                     opponent = new_d[int(self.rng.integers(len(new_d)))]
                     value = self._generator_loss(ind, opponent, losses[loss_name], real.shape[0], real_labels)
                     steps.generator.append(_step(ind, value, params[id(ind)], loss_name))
             if skip == 0 or step % (skip + 1) == 0:
                 for ind in new_d:
-                    self._mutate(ind)
+                    self._mutate(ind, scale)
                     opponent = new_g[int(self.rng.integers(len(new_g)))]
                     with torch.no_grad():
                         fake = apply(opponent.network, self.noise(real.shape[0]), real_labels)
@@ -75,13 +77,13 @@ class Training:
                     steps.discriminator.append(_step(ind, value, params[id(ind)], loss_name))
         return steps
 
-    def _mutate(self, ind: Individual) -> None:
-        """Mutate the learning rate before each step, as Lipizzaner does."""
+    def _mutate(self, ind: Individual, scale: float) -> None:
+        """Mutate the learning rate before each step, as Lipizzaner does; the step takes it × `scale`."""
         mutation = self.config.mutation
         (rate,) = mutate_learning_rates(
             [ind.learning_rate], self.config.learning_rate, mutation.probability, mutation.alpha, self.rng
         )
-        ind.set_learning_rate(rate)
+        ind.set_learning_rate(rate, scale)
 
     def _generator_loss(
         self, ind: Individual, opponent: Individual, loss: GanLoss, n: int, real_labels: torch.Tensor | None

@@ -164,6 +164,16 @@ class SelectionConfig(_Strict):
     )
 
 
+class DecayConfig(_Strict):
+    """Linear decay of every optimiser's step size over the run's last iterations: a large step
+    finds the modes, a small one sharpens them (an individual's own, mutated rate is kept and scaled)."""
+
+    start: float = Field(
+        1.0, ge=0, le=1, description="share of training.iterations after which the step size decays; 1 = never"
+    )
+    final: float = Field(1.0, gt=0, le=1, description="the step size's multiplier in the last iteration")
+
+
 class TrainingConfig(_Strict):
     iterations: int = Field(50, ge=1, le=10_000_000, description="iterations per cell")
     batch_size: int = Field(
@@ -191,6 +201,7 @@ class TrainingConfig(_Strict):
         0.0002, gt=0, le=1, description="initial Adam learning rate (each individual then carries its own)"
     )
     adam_betas: tuple[Beta, Beta] = Field((0.5, 0.999), description="Adam's β₁ and β₂")
+    decay: DecayConfig = Field(default_factory=DecayConfig)
     losses: list[LossName] = Field(
         default_factory=lambda: ["nonsaturating"],
         min_length=1,
