@@ -40,7 +40,7 @@ class Training:
     def batches_per_iteration(self) -> int:
         return self.config.batches_per_iteration or max(1, len(self.data) // self.config.batch_size)
 
-    def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int = 0) -> Steps:
+    def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int) -> Steps:
         """Each batch: every selected generator steps against a random selected discriminator,
         then every selected discriminator against a random selected generator (Lipizzaner's
         order and opponents: the sub-populations that selection drew from the neighbourhood,
