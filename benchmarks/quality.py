@@ -314,7 +314,7 @@ def regions_baseline(
     built_nets = [built(config, part, job.result()) for part, job in zip(parts, jobs)]
     nets, critics, times = zip(*built_nets)
     shares = np.array([len(part) for part in parts], dtype=float)
-    samples = baseline.sample(list(nets), list(critics), shares / shares.sum())
+    samples = baseline.sample(list(nets), list(critics), shares / shares.sum(), own_data=parts)
     return Result(name, seed, "indep-regions", sum(per) * len(parts), sum(times), referee.score(samples))
 
 
@@ -334,8 +334,9 @@ def built(
 class Baseline:
     """Samples of baseline generators as the grid's result is sampled: an equal-weight mixture and,
     where the case sets training.ensemble.critic_quantile, through their own discriminators
-    calibrated the same way on training data (palomino.coevolution.rejection): the filter is
-    then not what tells the grid from its baselines."""
+    calibrated the same way on training data (palomino.coevolution.rejection), by the same rule
+    (training.ensemble.critic: together, or each generator through its own critic calibrated on
+    its own data): the filter is then not what tells the grid from its baselines."""
 
     config: ExperimentConfig
     train: Dataset
@@ -343,7 +344,11 @@ class Baseline:
     seed: int
 
     def sample(
-        self, generators: list[torch.nn.Module], critics: list[torch.nn.Module], weights: np.ndarray | None = None
+        self,
+        generators: list[torch.nn.Module],
+        critics: list[torch.nn.Module],
+        weights: np.ndarray | None = None,
+        own_data: list[Dataset] | None = None,
     ) -> torch.Tensor:
         quantile = self.config.training.ensemble.critic_quantile
         weights = np.full(len(generators), 1 / len(generators)) if weights is None else weights
@@ -351,21 +356,30 @@ class Baseline:
             return draw(generators, weights, self.n, self.config.network.latent_dim, self.seed + 100)
         from palomino.coevolution.rejection import CriticFilter
 
-        real = self.train.samples[
-            torch.randperm(len(self.train), generator=torch.Generator().manual_seed(self.seed + 11))[:2000]
-        ]
-        rule = CriticFilter.calibrate(critics, real, quantile)
+        def real(data: Dataset) -> torch.Tensor:
+            return data.samples[
+                torch.randperm(len(data), generator=torch.Generator().manual_seed(self.seed + 11))[:2000]
+            ]
+
+        names = [str(i) for i in range(len(generators))]
         mixture = Mixture(
             generators,
             weights,
-            [str(i) for i in range(len(generators))],
+            names,
             self.config.network,
             self.train.sample_shape,
             self.train.kind,
             {},
             critics=critics,
-            threshold=rule.threshold,
+            critic_cells=names,
         )
+        if self.config.training.ensemble.critic == "own":
+            own = own_data or [self.train] * len(generators)
+            mixture.thresholds = [
+                CriticFilter.calibrate([c], real(d), quantile).threshold for c, d in zip(critics, own)
+            ]
+        else:
+            mixture.threshold = CriticFilter.calibrate(critics, real(self.train), quantile).threshold
         return mixture.sample(self.n, seed=self.seed + 100, data_space=False)
 
 

@@ -167,6 +167,8 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
             "scoring.every=25",
             "--set",
             "training.ensemble.critic_quantile=0.05",
+            "--set",
+            "training.ensemble.critic=own",
         ],
         capture_output=True,
         text=True,
@@ -191,9 +193,12 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
         mixture["weights"]
     ) == pytest.approx(1)
     assert json.loads((run_dir / "result/ranking.json").read_text())["ensemble"]["cells"] == mixture["components"]
-    # Every cell sent its discriminator; the scorer calibrated them into the filter sampling goes through.
-    assert mixture["critics"] == mixture["components"] and mixture["filter"]["quantile"] == 0.05
-    assert math.isfinite(mixture["filter"]["threshold"]) and mixture["ensemble"]["filter"] == mixture["filter"]
+    # Every cell sent its discriminator; the scorer calibrated each one on its cell's data into the
+    # filter that cell's samples go through (training.ensemble.critic: own).
+    rule = mixture["filter"]
+    assert mixture["critics"] == mixture["components"] and rule["quantile"] == 0.05 and rule["rule"] == "own"
+    assert len(rule["thresholds"]) == 4 and all(math.isfinite(t) for t in rule["thresholds"])
+    assert mixture["ensemble"]["filter"] == rule
     sampled = subprocess.run([sys.executable, "-m", "palomino", "sample", str(run_dir), "--n", "50", "--out", str(tmp_path / "s.npy")],
                              capture_output=True, text=True, env=ENV, timeout=120, check=False)  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-2000:]

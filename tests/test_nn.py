@@ -218,3 +218,26 @@ def test_state_dict_safetensors_round_trip(name: str, shape: tuple[int, ...], ki
     x = G(z)
     assert torch.equal(x, G2(z))
     assert torch.equal(D(x), D2(x))
+
+
+def test_minibatch_std_lets_the_discriminator_see_a_batch_that_does_not_vary() -> None:
+    torch.manual_seed(0)
+    D = build_discriminator(spec("mlp", minibatch_std=True), (2,), "points")
+    x = torch.randn(1, 2)
+    spread_out, collapsed = torch.cat([x, torch.randn(63, 2) * 3]), x.repeat(64, 1)
+    # The same sample is judged differently by the company it keeps; a lone sample has no spread.
+    assert not torch.allclose(D(spread_out)[0], D(collapsed)[0])
+    assert D(x).shape == (1,) and torch.isfinite(D(x)).all()
+    # Off, a sample's logit is its own, and the layers keep the keys checkpoints were saved under.
+    plain = build_discriminator(spec("mlp"), (2,), "points")
+    assert torch.allclose(plain(spread_out)[0], plain(collapsed)[0])
+    assert plain.state_dict().keys() == D.state_dict().keys()
+
+
+def test_minibatch_std_is_refused_where_the_network_has_none() -> None:
+    from pydantic import ValidationError
+
+    from palomino.config import NetworkConfig
+
+    with pytest.raises(ValidationError, match="minibatch_std is for the mlp discriminator only"):
+        NetworkConfig(name="dcgan", minibatch_std=True)

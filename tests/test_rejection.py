@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,114 @@ def test_the_critic_quantile_is_bounded(quantile: float) -> None:
         ExperimentConfig.model_validate(
             {"name": "x", "data": {"name": "gaussian_ring"}, "training": {"ensemble": {"critic_quantile": quantile}}}
         )
+
+
+class Around(nn.Module):
+    """A generator whose samples spread widely around `centre` (z is ignored but for its batch size)."""
+
+    def __init__(self, centre: float) -> None:
+        super().__init__()
+        self.centre = nn.Parameter(torch.tensor([centre, 0.0]))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.centre + z[:, :2]
+
+
+def _two_specialists(thresholds: list[float] | None, threshold: float | None = None):
+    from palomino.runs.mixture import Mixture
+
+    network = NetworkConfig(name="mlp", latent_dim=2, hidden=8)
+    return Mixture(
+        [Around(0.0), Around(3.0)],
+        np.array([0.5, 0.5]),
+        ["0-0", "0-1"],
+        network,
+        (2,),
+        "points",
+        {"cell": "grid"},
+        critics=[Near(3.0), Near(0.0)],  # stored in another order than the components: matched by name
+        critic_cells=["0-1", "0-0"],
+        threshold=threshold,
+        quantile=0.05,
+        thresholds=thresholds,
+    )
+
+
+def test_rule_own_passes_each_component_through_its_own_critic_alone(tmp_path: Path) -> None:
+    from palomino.runs.mixture import Mixture
+
+    samples = _two_specialists(thresholds=[-0.5, -0.5]).sample(1000, seed=0, data_space=False)
+    near = torch.cdist(samples, torch.tensor([[0.0, 0.0], [3.0, 0.0]])).min(1)
+    assert float(near.values.max()) <= 0.5  # each one within its own critic's reach
+    assert torch.bincount(near.indices).tolist() == [500, 500]  # and every component keeps its share
+    # Judged together, the specialists' critics believe neither mode: (0 − 3) / 2 < −0.5 at both.
+    together = _two_specialists(thresholds=None, threshold=-0.5).sample(1000, seed=0, data_space=False)
+    assert float(torch.cdist(together, torch.tensor([[0.0, 0.0], [3.0, 0.0]])).min(1).values.max()) > 0.5
+
+    mixture = _ring_mixture(threshold=None)
+    mixture.thresholds = [-0.5, -0.25]
+    mixture.save(tmp_path)
+    loaded = Mixture.load(tmp_path)
+    assert isinstance(loaded, Mixture) and loaded.thresholds == [-0.5, -0.25]
+    assert json.loads((tmp_path / "mixture.json").read_text())["filter"]["rule"] == "own"
+    assert torch.equal(loaded.sample(300, seed=4), mixture.sample(300, seed=4))
+
+
+def test_a_saved_own_rule_that_does_not_fit_its_components_is_refused(tmp_path: Path) -> None:
+    from palomino.errors import PalominoError
+    from palomino.runs.mixture import Mixture
+
+    mixture = _ring_mixture(threshold=None)
+    mixture.thresholds = [-0.5, -0.5]
+    mixture.save(tmp_path)
+    description = json.loads((tmp_path / "mixture.json").read_text())
+    description["filter"]["thresholds"] = [-0.5]
+    (tmp_path / "mixture.json").write_text(json.dumps(description))
+    with pytest.raises(PalominoError, match="thresholds do not fit"):
+        Mixture.load(tmp_path)
+
+
+def test_a_scorer_own_rule_is_checked_against_the_components() -> None:
+    from palomino.runs.result import checked_filter
+
+    description = {"components": ["0-0", "0-1"], "critics": ["0-0", "0-1"]}
+    rule = {"rule": "own", "thresholds": [1, -0.5], "quantile": 0.05}
+    assert checked_filter(rule, description) == {"rule": "own", "thresholds": [1.0, -0.5], "quantile": 0.05}
+    for bad in ([1.0], [1.0, float("nan")], [1.0, "2"], [True, 1.0], "1,2"):
+        with pytest.raises(ValueError, match="does not fit"):
+            checked_filter({**rule, "thresholds": bad}, description)
+    with pytest.raises(ValueError, match="does not fit"):
+        checked_filter(rule, {**description, "critics": ["0-0"]})
+
+
+def test_the_grid_ensemble_calibrates_each_cells_own_critic_on_its_own_region() -> None:
+    from conftest import tiny
+
+    from palomino.coevolution.cell_data import cell_dataset
+    from palomino.config import parse_config
+    from palomino.data import load_dataset
+    from palomino.grid import Coord, Topology
+    from palomino.runs.ensemble import grid_ensemble
+
+    config = parse_config(
+        tiny(
+            grid={"rows": 2, "cols": 2},
+            training={"data_regions": True, "ensemble": {"critic_quantile": 0.1, "critic": "own", "es_steps": 5}},
+        )
+    )
+    dataset = load_dataset(config.data, 0)
+    cells = [Coord(r, c) for r in range(2) for c in range(2)]
+    regions = [cell_dataset(dataset, config, coord, Topology(2, 2), None).samples for coord in cells]
+    # Each cell's critic finds real what is near its region's mean, and each generator is a copy of
+    # its region's data shifted a little.
+    critics = [Near(0.0) for _ in cells]
+    for critic, region in zip(critics, regions):
+        critic.centre.data = region.mean(0)
+    grid = grid_ensemble([Around(0.0) for _ in cells], [str(c) for c in cells], dataset, config, critics=critics)
+    assert grid.rule == "own" and grid.filters is not None
+    for critic, region, judge in zip(critics, regions, grid.filters):
+        assert list(judge.critics) == [critic]
+        own_share = float((CriticFilter([critic], 0.0).logits(region) < judge.threshold).float().mean())
+        assert own_share == pytest.approx(0.1, abs=0.03)  # its own region's 10 % quantile, not all the data's
+    rule = grid.summary()["filter"]
+    assert rule["rule"] == "own" and len(rule["thresholds"]) == 4

@@ -116,7 +116,7 @@ class MutationConfig(_Strict):
     alpha: float = Field(0.0001, ge=0, le=1, description="learning-rate step: lr += alpha · N(−lr₀/10, lr₀)")
 
 
-class EnsembleConfig(_Strict):
+class EnsembleConfig(_QuietNewKeys):
     """The run's result: a mixture over every cell's generator, optimised after training."""
 
     scope: Literal["grid", "neighbourhood"] = Field(
@@ -138,6 +138,13 @@ class EnsembleConfig(_Strict):
         "mean logit is at least that of this quantile of real data (0.05: the critics would reject 5 % of real data); "
         "0 = off. See engine.md, 'Sampling through the discriminators'",
     )
+    critic: Literal["mean", "own"] = Field(
+        "mean",
+        description="with critic_quantile: mean = every sample judged by all the cells' discriminators together, "
+        "calibrated on all the data; own = each cell's samples by its own discriminator, calibrated on its own "
+        "data (for training.data_regions, where a discriminator knows only its region)",
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("critic",)
 
 
 class SelectionConfig(_Strict):
@@ -354,7 +361,20 @@ class NetworkConfig(_QuietNewKeys):
         description="mlp hidden layers (leaky_relu with slope 0.2); auto: tanh for 2-D points (Lipizzaner's ring "
         "network; LeakyReLU lets one lineage collapse the toys), leaky_relu for images",
     )
-    _quiet: ClassVar[tuple[str, ...]] = ("conditional", "label_dim", "activation")
+    minibatch_std: bool = Field(
+        False,
+        description="mlp: the discriminator also sees how much its batch varies (ProGAN's minibatch "
+        "standard deviation), so a generator that drops one of its modes is caught",
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("conditional", "label_dim", "activation", "minibatch_std")
+
+    @model_validator(mode="after")
+    def _spread_on_mlp(self) -> NetworkConfig:
+        if self.minibatch_std and self.name != "mlp":
+            raise ValueError(
+                f"minibatch_std is for the mlp discriminator only (name is {self.name}): drop it or use name: mlp"
+            )
+        return self
 
 
 class DistributedConfig(_Strict):

@@ -71,11 +71,14 @@ class ConditionalMLPDiscriminator(nn.Module):
         label_count: int,
         label_dim: int,
         activation: Activation = "leaky_relu",
+        minibatch_std: bool = False,
     ):
         super().__init__()
         self.sample_shape, self.label_count = tuple(sample_shape), label_count
         self.embed = nn.Embedding(label_count, label_dim)
-        self.body = MLPDiscriminator(hidden, (math.prod(sample_shape) + label_dim,), activation=activation)
+        self.body = MLPDiscriminator(
+            hidden, (math.prod(sample_shape) + label_dim,), activation=activation, minibatch_std=minibatch_std
+        )
 
     def forward(self, x: Tensor, labels: Tensor) -> Tensor:
         return self.body(torch.cat([x.flatten(1), self.embed(labels)], dim=1))

@@ -23,7 +23,8 @@ Kind = Literal["points", "image"]
 class NetworkSpec(Protocol):
     """What the builders read (config.models.NetworkConfig, or any object with these).
 
-    Optional: `conditional` (default False), `label_dim` (default 16) and `activation` (default auto).
+    Optional: `conditional` (default False), `label_dim` (default 16), `activation` (default auto)
+    and `minibatch_std` (default False).
     """
 
     name: str
@@ -58,9 +59,12 @@ def build_discriminator(
     labels = _label_args(network, label_count)
     if network.name == "mlp":
         act = mlp_activation(network, kind)
+        spread = getattr(network, "minibatch_std", False)
         if labels:
-            return ConditionalMLPDiscriminator(network.hidden, sample_shape, activation=act, **labels)
-        return MLPDiscriminator(network.hidden, sample_shape, activation=act)
+            return ConditionalMLPDiscriminator(
+                network.hidden, sample_shape, activation=act, minibatch_std=spread, **labels
+            )
+        return MLPDiscriminator(network.hidden, sample_shape, activation=act, minibatch_std=spread)
     channels, size = _conv_image(network, sample_shape, kind)
     spectral = network.name == "sngan"
     if labels:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 Activation = Literal["leaky_relu", "tanh", "relu"]
@@ -55,18 +56,35 @@ class MLPGenerator(nn.Module):
 
 
 class MLPDiscriminator(nn.Module):
-    """prod(sample_shape) → hidden → hidden → 1 logit (Lipizzaner's Sigmoid lives in the losses)."""
+    """prod(sample_shape) → hidden → hidden → 1 logit (Lipizzaner's Sigmoid lives in the losses).
 
-    def __init__(self, hidden: int, sample_shape: tuple[int, ...], *, activation: Activation = "leaky_relu"):
+    `minibatch_std`: the second layer also sees how much the batch's first-layer features vary
+    (Karras et al. 2018, ProGAN). A generator that has dropped one of its modes makes batches
+    that vary less than real ones, which a per-sample critic cannot see.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        sample_shape: tuple[int, ...],
+        *,
+        activation: Activation = "leaky_relu",
+        minibatch_std: bool = False,
+    ):
         super().__init__()
         self.sample_shape = tuple(sample_shape)
-        self.net = nn.Sequential(
+        self.minibatch_std = minibatch_std
+        self.net = nn.Sequential(  # one Sequential, so checkpoints keep their keys either way
             nn.Linear(math.prod(sample_shape), hidden),
             hidden_activation(activation),
-            nn.Linear(hidden, hidden),
+            nn.Linear(hidden + int(minibatch_std), hidden),
             hidden_activation(activation),
             nn.Linear(hidden, 1),
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x.flatten(1)).squeeze(1)
+        if not self.minibatch_std:
+            return self.net(x.flatten(1)).squeeze(1)
+        h = self.net[:2](x.flatten(1))
+        spread = h.std(0, unbiased=False).mean() if len(h) > 1 else h.new_zeros(())
+        return self.net[2:](torch.cat([h, spread.expand(len(h), 1)], 1)).squeeze(1)

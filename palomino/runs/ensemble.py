@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,12 @@ from palomino.coevolution.mixture import MixtureScore
 from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
+from palomino.data.regions import region_labels
+from palomino.grid import parse_coord
 from palomino.nn import apply
+
+if TYPE_CHECKING:
+    from palomino.runs.mixture import Mixture
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +41,31 @@ class GridEnsemble:
     cells: list[str]  # "r-c" of every component, in the order of `ensemble.weights`
     generators: list[nn.Module]
     score_name: str
-    filter: CriticFilter | None = None  # the cells' discriminators, calibrated on real data
+    # What each component's samples pass through (training.ensemble.critic), calibrated on real
+    # data: one filter of every critic ("mean"), or each cell's own critic ("own"); None: no filter.
+    filters: list[CriticFilter] | None = None
     quantile: float | None = None
+    rule: str = "mean"
+
+    def filter_rule(self) -> dict[str, Any] | None:
+        """mixture.json's "filter" for these filters."""
+        if not self.filters:
+            return None
+        if self.rule == "own":
+            return {"rule": "own", "thresholds": [f.threshold for f in self.filters], "quantile": self.quantile}
+        return {"threshold": self.filters[0].threshold, "quantile": self.quantile}
+
+    def apply_filter(self, mixture: Mixture) -> None:
+        """Make `mixture` (of the same components) sample through these filters."""
+        rule = self.filter_rule()
+        if rule is not None:
+            mixture.quantile = self.quantile
+            mixture.threshold = rule.get("threshold")
+            mixture.thresholds = rule.get("thresholds")
 
     def summary(self) -> dict[str, Any]:
         e = self.ensemble
+        rule = self.filter_rule()
         return {
             "scope": "grid",
             "score_name": self.score_name,
@@ -49,7 +74,7 @@ class GridEnsemble:
             "equal_weight_score": e.equal_weight_score,
             "cells": self.cells,
             "weights": [float(w) for w in e.weights],
-            **({"filter": {"threshold": self.filter.threshold, "quantile": self.quantile}} if self.filter else {}),
+            **({"filter": rule} if rule else {}),
         }
 
 
@@ -75,9 +100,11 @@ def grid_ensemble(
 ) -> GridEnsemble:
     """Optimise a mixture over `generators` (one per cell, named by `cells`) against `dataset`.
 
-    With `critics` (the cells' discriminators) and training.ensemble.critic_quantile > 0, every
-    component is sampled through them (palomino.coevolution.rejection), calibrated on the
-    selection half of the real samples, and the weights are optimised for what passes."""
+    With `critics` (the cells' discriminators, in the order of `cells`) and
+    training.ensemble.critic_quantile > 0, every component is sampled through them
+    (palomino.coevolution.rejection) and the weights are optimised for what passes. Rule "mean":
+    all critics together, calibrated on the selection half of the real samples; rule "own": each
+    component through its own cell's critic, calibrated on that cell's own data (its region)."""
     settings = config.training.ensemble
     rng = np.random.Generator(np.random.PCG64([config.seed, 7]))
     torch_rng = torch.Generator(device=device).manual_seed(config.seed + 7)
@@ -89,24 +116,52 @@ def grid_ensemble(
     latent = config.network.latent_dim
 
     quantile = settings.critic_quantile
-    judge = CriticFilter.calibrate(critics, real_select, quantile) if critics and quantile > 0 else None
+    filters: list[CriticFilter] | None = None
+    if critics and quantile > 0:
+        if settings.critic == "own":
+            own = own_real_samples(dataset, config, cells, half)
+            filters = [CriticFilter.calibrate([c], r.to(device), quantile) for c, r in zip(critics, own)]
+        else:
+            filters = [CriticFilter.calibrate(critics, real_select, quantile)] * len(generators)
 
     def draw() -> list[torch.Tensor]:
         out = []
-        for g in generators:
+        for i, g in enumerate(generators):
             g.eval()
 
             def generate(k: int, g: nn.Module = g) -> torch.Tensor:
                 return apply(g, torch.randn(k, latent, generator=torch_rng, device=device))
 
-            out.append(generate(m) if judge is None else judge.draw(generate, m).to(device))
+            out.append(generate(m) if filters is None else filters[i].draw(generate, m).to(device))
             g.train()
         return out
 
     fakes_select, fakes_held = draw(), draw()
     select, held, name = _scores(fakes_select, fakes_held, real_select, real_held, dataset.kind, config, device)
     ensemble = optimise_ensemble(select, held, rng, sigma=settings.sigma, es_steps=settings.es_steps)
-    return GridEnsemble(ensemble, cells, generators, name, judge, quantile if judge else None)
+    return GridEnsemble(ensemble, cells, generators, name, filters, quantile if filters else None, settings.critic)
+
+
+def own_real_samples(dataset: Dataset, config: ExperimentConfig, cells: list[str], limit: int) -> list[torch.Tensor]:
+    """Up to `limit` real samples of each cell's own data, as its critic saw it: its k-means region
+    with training.data_regions (palomino.coevolution.cell_data.own_region's numbering), else all the
+    data. A cell outside the configured grid (a resized run) is calibrated on all the data."""
+    pick = torch.Generator().manual_seed(config.seed + 13)
+    if not config.training.data_regions or config.grid.rows * config.grid.cols < 2:
+        return [dataset.samples[torch.randperm(len(dataset), generator=pick)[:limit]]] * len(cells)
+    rows, cols = config.grid.rows, config.grid.cols
+    labels = region_labels(dataset, rows * cols, config.seed)
+    out = []
+    for name in cells:
+        row, col = parse_coord(name)
+        index = (labels == row * cols + col).nonzero().squeeze(1) if row < rows and col < cols else None
+        if index is None or len(index) == 0:
+            log.warning(
+                "cell %s has no region of the %d×%d grid: its critic is calibrated on all the data", name, rows, cols
+            )
+            index = torch.arange(len(dataset))
+        out.append(dataset.samples[index[torch.randperm(len(index), generator=pick)[:limit]]])
+    return out
 
 
 def _scores(

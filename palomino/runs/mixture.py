@@ -55,6 +55,16 @@ def check_labels(labels: Sequence[int] | torch.Tensor, n: int, trained: Sequence
     return labels
 
 
+def own_thresholds(rule: dict[str, Any], components: list[str], critics: list[str], folder: Path) -> list[float] | None:
+    """mixture.json's per-component thresholds (filter rule "own"), checked against its components."""
+    if rule.get("rule") != "own":
+        return None
+    thresholds = rule.get("thresholds")
+    if not isinstance(thresholds, list) or len(thresholds) != len(components) or set(components) - set(critics):
+        raise PalominoError(f"{folder}: the filter's thresholds do not fit its components and critics")
+    return [float(t) for t in thresholds]
+
+
 def to_data_space(x: torch.Tensor, kind: str) -> torch.Tensor:
     """Generator output → data space: images from [−1, 1] to [0, 1]; points unchanged."""
     return ((x + 1) / 2).clamp(0, 1) if kind == "image" else x
@@ -78,6 +88,9 @@ class Mixture:
     critic_cells: list[str] = field(default_factory=list)
     threshold: float | None = None
     quantile: float | None = None  # of real data, from which `threshold` was calibrated
+    # training.ensemble.critic "own": each component's samples pass its own cell's critic alone,
+    # at its own threshold (one per component); `threshold` is then unused.
+    thresholds: list[float] | None = None
 
     @property
     def conditional(self) -> bool:
@@ -85,9 +98,18 @@ class Mixture:
 
     @property
     def filter(self) -> CriticFilter | None:
+        """The critics together at one threshold (training.ensemble.critic "mean")."""
         if self.threshold is None or not self.critics:
             return None
         return CriticFilter(self.critics, self.threshold)
+
+    def component_filters(self) -> list[CriticFilter | None]:
+        """What each component's samples pass through: its own cell's critic at its own threshold
+        where the mixture has `thresholds`, else the critics together (or nothing)."""
+        if self.thresholds is None or not self.critics:
+            return [self.filter] * len(self.generators)
+        own = dict(zip(self.critic_cells, self.critics))
+        return [CriticFilter([own[c]], t) for c, t in zip(self.components, self.thresholds)]
 
     @property
     def classes(self) -> list[int]:
@@ -137,8 +159,8 @@ class Mixture:
     def _sample_unconditional(self, n: int, seed: int, data_space: bool) -> torch.Tensor:
         rng = torch.Generator().manual_seed(seed)
         parts = []
-        critics = self.filter
-        for generator, count in zip(self.generators, component_counts(self.weights, n)):
+        filters = self.component_filters()
+        for generator, count, critics in zip(self.generators, component_counts(self.weights, n), filters):
             if count:
                 generator.eval()  # BatchNorm uses its running statistics when sampling
                 device = next(generator.parameters()).device
@@ -168,7 +190,9 @@ class Mixture:
             description["label_count"] = self.label_count
         if self.critics:
             description["critics"] = self.critic_cells
-        if self.threshold is not None:
+        if self.thresholds is not None:
+            description["filter"] = {"rule": "own", "thresholds": self.thresholds, "quantile": self.quantile}
+        elif self.threshold is not None:
             description["filter"] = {"threshold": self.threshold, "quantile": self.quantile}
         return payload, description
 
@@ -228,6 +252,7 @@ class Mixture:
             list(description.get("critics", [])),
             rule.get("threshold"),
             rule.get("quantile"),
+            own_thresholds(rule, description["components"], description.get("critics", []), folder),
         )
 
 

@@ -135,9 +135,8 @@ def ensemble_result(cells: list[Cell], dataset: Dataset, experiment: str) -> Cel
         },
         critics=critics or [],
         critic_cells=grid.cells if critics else [],
-        threshold=grid.filter.threshold if grid.filter else None,
-        quantile=grid.quantile,
     )
+    grid.apply_filter(mixture)
     payload, description = mixture.encode()
     n = 64 if dataset.kind == "image" else 2500
     png = png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
@@ -241,16 +240,35 @@ def write_ensemble(
     }
     rule = summary.get("filter")
     if rule is not None:  # the scorer's calibration of the critics that result/grid carries
-        threshold = rule.get("threshold") if isinstance(rule, dict) else None
-        if not description.get("critics") or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-            raise ValueError(f"filter {str(rule)[:80]} does not fit the grid's critics")
-        description["filter"] = {"threshold": float(threshold), "quantile": rule.get("quantile")}
+        description["filter"] = checked_filter(rule, description)
     save_encoded(run.result_dir, payload, description)
     ranking_path = run.ranking_path
     ranking = json.loads(ranking_path.read_text()) if ranking_path.exists() else {}
     atomic_write(ranking_path, json.dumps({**ranking, "ensemble": summary}, indent=2).encode())
     if png:
         atomic_write(run.result_samples_path, png)
+
+
+def checked_filter(rule: Any, description: dict[str, Any]) -> dict[str, Any]:
+    """A scorer's filter rule for the grid's critics (mixture.json "filter"), or ValueError: one
+    finite threshold for all critics, or ("own") one per component, each with its own critic."""
+
+    def finite(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    critics, components = description.get("critics") or [], description.get("components") or []
+    if isinstance(rule, dict) and critics and rule.get("rule") == "own":
+        thresholds = rule.get("thresholds")
+        if (
+            isinstance(thresholds, list)
+            and len(thresholds) == len(components)
+            and all(finite(t) for t in thresholds)
+            and set(components) <= set(critics)
+        ):
+            return {"rule": "own", "thresholds": [float(t) for t in thresholds], "quantile": rule.get("quantile")}
+    elif isinstance(rule, dict) and critics and finite(rule.get("threshold")):
+        return {"threshold": float(rule["threshold"]), "quantile": rule.get("quantile")}
+    raise ValueError(f"filter {str(rule)[:80]} does not fit the grid's critics")
 
 
 def write_class_result(

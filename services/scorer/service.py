@@ -58,8 +58,7 @@ def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
     dataset = load_dataset(data, job.data_seed)
     grid = grid_ensemble(mixture.generators, mixture.components, dataset, config, critics=mixture.critics or None)
     mixture.weights = grid.ensemble.weights
-    if grid.filter is not None:
-        mixture.threshold, mixture.quantile = grid.filter.threshold, grid.quantile
+    grid.apply_filter(mixture)
     n = 64 if dataset.kind == "image" else 2500
     return grid.summary(), png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
 
