@@ -65,12 +65,18 @@ def test_a_generator_its_critics_never_believe_still_answers_with_its_best_candi
 
 def _ring_mixture(threshold: float | None):
     from palomino.nn import build_discriminator, build_generator
-    from palomino.runs.mixture import Mixture
 
     network = NetworkConfig(name="mlp", latent_dim=4, hidden=8, activation="tanh")
     torch.manual_seed(0)
     generators = [build_generator(network, (2,), "points") for _ in range(2)]
     critics = [build_discriminator(network, (2,), "points") for _ in range(2)]
+    return _two_cells(network, generators, critics, ["0-0", "0-1"], threshold=threshold)
+
+
+def _two_cells(network: NetworkConfig, generators: list, critics: list, critic_cells: list[str], **rule):
+    """A grid result of cells 0-0 and 0-1 at equal weights, with their critics and filter `rule`."""
+    from palomino.runs.mixture import Mixture
+
     return Mixture(
         generators,
         np.array([0.5, 0.5]),
@@ -80,9 +86,9 @@ def _ring_mixture(threshold: float | None):
         "points",
         {"cell": "grid"},
         critics=critics,
-        critic_cells=["0-0", "0-1"],
-        threshold=threshold,
+        critic_cells=critic_cells,
         quantile=0.05,
+        **rule,
     )
 
 
@@ -171,23 +177,10 @@ class Around(nn.Module):
 
 
 def _two_specialists(thresholds: list[float] | None, threshold: float | None = None):
-    from palomino.runs.mixture import Mixture
-
     network = NetworkConfig(name="mlp", latent_dim=2, hidden=8)
-    return Mixture(
-        [Around(0.0), Around(3.0)],
-        np.array([0.5, 0.5]),
-        ["0-0", "0-1"],
-        network,
-        (2,),
-        "points",
-        {"cell": "grid"},
-        critics=[Near(3.0), Near(0.0)],  # stored in another order than the components: matched by name
-        critic_cells=["0-1", "0-0"],
-        threshold=threshold,
-        quantile=0.05,
-        thresholds=thresholds,
-    )
+    # The critics are stored in another order than the components: they are matched by name.
+    generators, critics = [Around(0.0), Around(3.0)], [Near(3.0), Near(0.0)]
+    return _two_cells(network, generators, critics, ["0-1", "0-0"], threshold=threshold, thresholds=thresholds)
 
 
 def test_rule_own_passes_each_component_through_its_own_critic_alone(tmp_path: Path) -> None:
