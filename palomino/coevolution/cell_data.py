@@ -36,12 +36,17 @@ def cell_dataset(
     return dataset
 
 
+def region_of(coord: Coord, topology: Topology | ClassGrid) -> int:
+    """The number of `coord`'s region among region_labels(…, topology.size, …): r·cols + c of its grid."""
+    first_row = topology.row_offset if isinstance(topology, ClassGrid) else 0
+    return (coord[0] - first_row) * topology.cols + coord[1]
+
+
 def own_region(dataset: Dataset, seed: int, coord: Coord, topology: Topology | ClassGrid) -> Dataset:
     """The samples of `coord`'s own region: one k-means cluster per cell, the same in every
     process for a seed; cell (r, c) owns region r·cols + c of its grid."""
-    first_row = topology.row_offset if isinstance(topology, ClassGrid) else 0
     labels = region_labels(dataset, topology.size, seed)
-    subset = regions_subset(dataset, labels, {(coord[0] - first_row) * topology.cols + coord[1]})
+    subset = regions_subset(dataset, labels, {region_of(coord, topology)})
     if len(subset) == 0:
         raise DatasetError(
             f"cell {Coord(*coord)}: its region of {dataset.name} holds no samples "

@@ -18,13 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from palomino.coevolution.cell_data import region_of
 from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, Ensemble, FrechetScore, WeightScore, optimise_ensemble
 from palomino.coevolution.mixture import MixtureScore
 from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
-from palomino.data.regions import region_labels
-from palomino.grid import parse_coord
+from palomino.data.regions import region_labels, regions_subset
+from palomino.grid import Topology, parse_coord
 from palomino.nn import apply
 
 if TYPE_CHECKING:
@@ -149,18 +150,21 @@ def own_real_samples(dataset: Dataset, config: ExperimentConfig, cells: list[str
     pick = torch.Generator().manual_seed(config.seed + 13)
     if not config.training.data_regions or config.grid.rows * config.grid.cols < 2:
         return [dataset.samples[torch.randperm(len(dataset), generator=pick)[:limit]]] * len(cells)
-    rows, cols = config.grid.rows, config.grid.cols
-    labels = region_labels(dataset, rows * cols, config.seed)
+    topology = Topology(config.grid.rows, config.grid.cols)
+    labels = region_labels(dataset, topology.size, config.seed)
     out = []
     for name in cells:
-        row, col = parse_coord(name)
-        index = (labels == row * cols + col).nonzero().squeeze(1) if row < rows and col < cols else None
-        if index is None or len(index) == 0:
+        coord = parse_coord(name)
+        own = regions_subset(dataset, labels, {region_of(coord, topology)}) if coord in topology else None
+        if own is None or len(own) == 0:
             log.warning(
-                "cell %s has no region of the %d×%d grid: its critic is calibrated on all the data", name, rows, cols
+                "cell %s has no region of the %d×%d grid: its critic is calibrated on all the data",
+                name,
+                topology.rows,
+                topology.cols,
             )
-            index = torch.arange(len(dataset))
-        out.append(dataset.samples[index[torch.randperm(len(index), generator=pick)[:limit]]])
+            own = dataset
+        out.append(own.samples[torch.randperm(len(own), generator=pick)[:limit]])
     return out
 
 
