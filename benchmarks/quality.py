@@ -63,8 +63,9 @@ class Case:
     quick: tuple[str, ...] = ()  # extra overrides under --quick
 
 
-# Images: the same per-cell budget for every grid size (30 iterations × 50 batches of 100), so
-# a bigger grid spends more in all; its baselines get as much. --quick cuts it to 4 × 20.
+# Images: examples/mnist-regions-3x3.yaml at the same per-cell budget for every grid size (30
+# iterations × 50 batches of 100), so a bigger grid spends more in all; its baselines get as
+# much. --quick cuts it to 4 × 20.
 IMAGE_BUDGET = (
     "training.iterations=30",
     "training.batches_per_iteration=50",
@@ -78,12 +79,12 @@ CASES: dict[str, Case] = {
     "grid-4x4": Case("grid-4x4", quick=("training.iterations=30",)),
     **{
         f"mnist-{n}x{n}": Case(
-            "mnist-mlp-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
+            "mnist-regions-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
         )
         for n in (1, 2, 3, 4)
     },
     "fashion-3x3": Case(
-        "mnist-mlp-3x3", (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"), IMAGE_QUICK
+        "mnist-regions-3x3", (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"), IMAGE_QUICK
     ),
 }
 
