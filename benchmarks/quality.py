@@ -84,7 +84,9 @@ CASES: dict[str, Case] = {
         for n in (1, 2, 3, 4)
     },
     "fashion-3x3": Case(
-        "mnist-regions-3x3", (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"), IMAGE_QUICK
+        "mnist-regions-3x3",
+        (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"),
+        IMAGE_QUICK,
     ),
 }
 

@@ -147,7 +147,7 @@ def test_a_scorer_filter_without_critics_or_with_a_bad_threshold_is_refused(tmp_
     summary = {"weights": [1.0], "held_out_score": 0.1, "score_name": "mmd2", "filter": {"threshold": 0.5}}
     with pytest.raises(ValueError, match="critics"):
         write_ensemble(run, b"", {"components": ["0-0"]}, summary, b"")
-    with pytest.raises(ValueError, match="critics"):
+    with pytest.raises(ValueError, match="is malformed"):
         write_ensemble(
             run, b"", {"components": ["0-0"], "critics": ["0-0"]}, {**summary, "filter": {"threshold": "inf"}}, b""
         )
@@ -213,21 +213,34 @@ def test_a_saved_own_rule_that_does_not_fit_its_components_is_refused(tmp_path: 
     description = json.loads((tmp_path / "mixture.json").read_text())
     description["filter"]["thresholds"] = [-0.5]
     (tmp_path / "mixture.json").write_text(json.dumps(description))
-    with pytest.raises(PalominoError, match="thresholds do not fit"):
+    with pytest.raises(PalominoError, match="does not fit the mixture's components and critics"):
         Mixture.load(tmp_path)
 
 
-def test_a_scorer_own_rule_is_checked_against_the_components() -> None:
-    from palomino.runs.result import checked_filter
+def test_a_scorer_rule_is_checked_against_the_components() -> None:
+    from palomino.runs.filter_rule import FilterRule
 
-    description = {"components": ["0-0", "0-1"], "critics": ["0-0", "0-1"]}
+    cells = ["0-0", "0-1"]
     rule = {"rule": "own", "thresholds": [1, -0.5], "quantile": 0.05}
-    assert checked_filter(rule, description) == {"rule": "own", "thresholds": [1.0, -0.5], "quantile": 0.05}
-    for bad in ([1.0], [1.0, float("nan")], [1.0, "2"], [True, 1.0], "1,2"):
-        with pytest.raises(ValueError, match="does not fit"):
-            checked_filter({**rule, "thresholds": bad}, description)
+    assert FilterRule.checked(rule, cells, cells).encode() == {
+        "rule": "own",
+        "thresholds": [1.0, -0.5],
+        "quantile": 0.05,
+    }
+    for bad in ([1.0, float("nan")], [1.0, "2"], [True, 1.0], "1,2"):
+        with pytest.raises(ValueError, match="is malformed"):
+            FilterRule.checked({**rule, "thresholds": bad}, cells, cells)
     with pytest.raises(ValueError, match="does not fit"):
-        checked_filter(rule, {**description, "critics": ["0-0"]})
+        FilterRule.checked({**rule, "thresholds": [1.0]}, cells, cells)
+    with pytest.raises(ValueError, match="does not fit"):
+        FilterRule.checked(rule, cells, ["0-0"])  # 0-1 has no critic of its own
+    mean = {"threshold": -0.5, "quantile": 0.05}
+    assert FilterRule.checked(mean, cells, ["0-0"]).encode() == mean  # one threshold for the critics together
+    for bad in ({"threshold": True}, {"threshold": float("inf")}, {"threshold": 1.0, "thresholds": [1.0, 1.0]}, {}):
+        with pytest.raises(ValueError, match="is malformed"):
+            FilterRule.checked(bad, cells, cells)
+    with pytest.raises(ValueError, match="does not fit"):
+        FilterRule.checked(mean, cells, [])  # no critics to filter with
 
 
 def test_the_grid_ensemble_calibrates_each_cells_own_critic_on_its_own_region() -> None:

@@ -27,6 +27,7 @@ from palomino.data import Dataset
 from palomino.data.regions import region_labels, regions_subset
 from palomino.grid import Topology, parse_coord
 from palomino.nn import apply
+from palomino.runs.filter_rule import FilterRule
 
 if TYPE_CHECKING:
     from palomino.runs.mixture import Mixture
@@ -48,21 +49,18 @@ class GridEnsemble:
     quantile: float | None = None
     rule: str = "mean"
 
-    def filter_rule(self) -> dict[str, Any] | None:
+    def filter_rule(self) -> FilterRule | None:
         """mixture.json's "filter" for these filters."""
         if not self.filters:
             return None
         if self.rule == "own":
-            return {"rule": "own", "thresholds": [f.threshold for f in self.filters], "quantile": self.quantile}
-        return {"threshold": self.filters[0].threshold, "quantile": self.quantile}
+            return FilterRule(rule="own", thresholds=[f.threshold for f in self.filters], quantile=self.quantile)
+        return FilterRule(threshold=self.filters[0].threshold, quantile=self.quantile)
 
     def apply_filter(self, mixture: Mixture) -> None:
         """Make `mixture` (of the same components) sample through these filters."""
-        rule = self.filter_rule()
-        if rule is not None:
-            mixture.quantile = self.quantile
-            mixture.threshold = rule.get("threshold")
-            mixture.thresholds = rule.get("thresholds")
+        if self.filters:
+            mixture.adopt(self.filter_rule())
 
     def summary(self) -> dict[str, Any]:
         e = self.ensemble
@@ -75,7 +73,7 @@ class GridEnsemble:
             "equal_weight_score": e.equal_weight_score,
             "cells": self.cells,
             "weights": [float(w) for w in e.weights],
-            **({"filter": rule} if rule else {}),
+            **({"filter": rule.encode()} if rule else {}),
         }
 
 

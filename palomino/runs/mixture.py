@@ -22,6 +22,7 @@ from palomino.config import NetworkConfig
 from palomino.errors import PalominoError
 from palomino.nn import apply, build_discriminator, build_generator
 from palomino.runs.checkpoints import encode_tensors
+from palomino.runs.filter_rule import FilterRule
 from palomino.runs.result import CLASS_MIXTURE, save_encoded
 
 
@@ -53,16 +54,6 @@ def check_labels(labels: Sequence[int] | torch.Tensor, n: int, trained: Sequence
     if unknown:
         raise PalominoError(f"class {unknown[0]} was not trained in this run; its classes are {sorted(trained)}")
     return labels
-
-
-def own_thresholds(rule: dict[str, Any], components: list[str], critics: list[str], folder: Path) -> list[float] | None:
-    """mixture.json's per-component thresholds (filter rule "own"), checked against its components."""
-    if rule.get("rule") != "own":
-        return None
-    thresholds = rule.get("thresholds")
-    if not isinstance(thresholds, list) or len(thresholds) != len(components) or set(components) - set(critics):
-        raise PalominoError(f"{folder}: the filter's thresholds do not fit its components and critics")
-    return [float(t) for t in thresholds]
 
 
 def to_data_space(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -110,6 +101,21 @@ class Mixture:
             return [self.filter] * len(self.generators)
         own = dict(zip(self.critic_cells, self.critics))
         return [CriticFilter([own[c]], t) for c, t in zip(self.components, self.thresholds)]
+
+    @property
+    def rule(self) -> FilterRule | None:
+        """mixture.json's "filter" for how this mixture samples (None: unfiltered)."""
+        if self.thresholds is not None:
+            return FilterRule(rule="own", thresholds=self.thresholds, quantile=self.quantile)
+        if self.threshold is not None:
+            return FilterRule(threshold=self.threshold, quantile=self.quantile)
+        return None
+
+    def adopt(self, rule: FilterRule | None) -> None:
+        """Sample through `rule` from now on (its critics are this mixture's)."""
+        self.threshold = rule.threshold if rule else None
+        self.thresholds = rule.thresholds if rule else None
+        self.quantile = rule.quantile if rule else None
 
     @property
     def classes(self) -> list[int]:
@@ -190,10 +196,8 @@ class Mixture:
             description["label_count"] = self.label_count
         if self.critics:
             description["critics"] = self.critic_cells
-        if self.thresholds is not None:
-            description["filter"] = {"rule": "own", "thresholds": self.thresholds, "quantile": self.quantile}
-        elif self.threshold is not None:
-            description["filter"] = {"threshold": self.threshold, "quantile": self.quantile}
+        if self.rule is not None:
+            description["filter"] = self.rule.encode()
         return payload, description
 
     def save(self, folder: Path) -> None:
@@ -237,8 +241,15 @@ class Mixture:
             "filter",
         }
         info = {k: v for k, v in description.items() if k not in special}
-        rule = description.get("filter") or {}
-        return cls(
+        rule = None
+        if description.get("filter") is not None:
+            try:
+                rule = FilterRule.checked(
+                    description["filter"], description["components"], description.get("critics", [])
+                )
+            except ValueError as error:
+                raise PalominoError(f"{folder}: {error}") from None
+        mixture = cls(
             generators,
             np.array(description["weights"]),
             description["components"],
@@ -250,10 +261,9 @@ class Mixture:
             label_count,
             critics,
             list(description.get("critics", [])),
-            rule.get("threshold"),
-            rule.get("quantile"),
-            own_thresholds(rule, description["components"], description.get("critics", []), folder),
         )
+        mixture.adopt(rule)
+        return mixture
 
 
 @dataclass

@@ -12,7 +12,6 @@ mixture p(x) = Σ_c p(c) p(x | c) over them, p(c) the class's share of the train
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from palomino.io import atomic_write
 from palomino.runs.directory import RunDirectory
+from palomino.runs.filter_rule import FilterRule
 
 if TYPE_CHECKING:
     from palomino.coevolution import Cell
@@ -240,35 +240,14 @@ def write_ensemble(
     }
     rule = summary.get("filter")
     if rule is not None:  # the scorer's calibration of the critics that result/grid carries
-        description["filter"] = checked_filter(rule, description)
+        components, critics = description.get("components") or [], description.get("critics") or []
+        description["filter"] = FilterRule.checked(rule, components, critics).encode()
     save_encoded(run.result_dir, payload, description)
     ranking_path = run.ranking_path
     ranking = json.loads(ranking_path.read_text()) if ranking_path.exists() else {}
     atomic_write(ranking_path, json.dumps({**ranking, "ensemble": summary}, indent=2).encode())
     if png:
         atomic_write(run.result_samples_path, png)
-
-
-def checked_filter(rule: Any, description: dict[str, Any]) -> dict[str, Any]:
-    """A scorer's filter rule for the grid's critics (mixture.json "filter"), or ValueError: one
-    finite threshold for all critics, or ("own") one per component, each with its own critic."""
-
-    def finite(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-    critics, components = description.get("critics") or [], description.get("components") or []
-    if isinstance(rule, dict) and critics and rule.get("rule") == "own":
-        thresholds = rule.get("thresholds")
-        if (
-            isinstance(thresholds, list)
-            and len(thresholds) == len(components)
-            and all(finite(t) for t in thresholds)
-            and set(components) <= set(critics)
-        ):
-            return {"rule": "own", "thresholds": [float(t) for t in thresholds], "quantile": rule.get("quantile")}
-    elif isinstance(rule, dict) and critics and finite(rule.get("threshold")):
-        return {"threshold": float(rule["threshold"]), "quantile": rule.get("quantile")}
-    raise ValueError(f"filter {str(rule)[:80]} does not fit the grid's critics")
 
 
 def write_class_result(
