@@ -63,14 +63,16 @@ class Case:
     quick: tuple[str, ...] = ()  # extra overrides under --quick
 
 
-# Images: examples/mnist-regions-3x3.yaml at the same per-cell budget for every grid size, so a
-# bigger grid spends more in all and its baselines get as much. MNIST: the example's 100
-# iterations × 50 batches of 100 per cell (at 30 × 50 every cell's generator was still drawing
-# blurred strokes, and the grid lost to one plain GAN: README). Fashion-MNIST: 30 × 50, as
-# measured. --quick cuts either to 4 × 20.
-IMAGE_RUN = ("training.batches_per_iteration=50", "training.sample_every=0", "training.checkpoint_every=0")
-MNIST_BUDGET = ("training.iterations=100", *IMAGE_RUN)
-FASHION_BUDGET = ("training.iterations=30", *IMAGE_RUN)
+# Images: examples/mnist-regions-3x3.yaml at its own per-cell budget for every grid size (100
+# iterations × 50 batches of 100), so a bigger grid spends more in all and its baselines get as
+# much. At 30 × 50 every cell's generator was still drawing blurred strokes and the grid lost to
+# one plain GAN on MNIST (README). --quick cuts it to 4 × 20.
+IMAGE_BUDGET = (
+    "training.iterations=100",
+    "training.batches_per_iteration=50",
+    "training.sample_every=0",
+    "training.checkpoint_every=0",
+)
 IMAGE_QUICK = ("training.iterations=4", "training.batches_per_iteration=20")
 MNIST = (f"data.dir={MNIST_DIR}", "data.split=test")  # the offline copy: 8,000 images to train on, 2,000 held out
 CASES: dict[str, Case] = {
@@ -78,13 +80,13 @@ CASES: dict[str, Case] = {
     "grid-4x4": Case("grid-4x4", quick=("training.iterations=30",)),
     **{
         f"mnist-{n}x{n}": Case(
-            "mnist-regions-3x3", (*MNIST_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
+            "mnist-regions-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
         )
         for n in (1, 2, 3, 4)
     },
     "fashion-3x3": Case(
         "mnist-regions-3x3",
-        (*FASHION_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"),
+        (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"),
         IMAGE_QUICK,
     ),
 }
