@@ -47,6 +47,7 @@ from palomino.data import Dataset, load_dataset
 from palomino.nn import build_discriminator, build_generator, get_loss
 from palomino.runs.directory import RunDirectory, read_jsonl
 from palomino.runs.embedded import train_embedded
+from palomino.runs.filter_rule import FilterRule
 from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
 
@@ -379,11 +380,11 @@ class Baseline:
         )
         if self.config.training.ensemble.critic == "own":
             own = own_data or [self.train] * len(generators)
-            mixture.thresholds = [
-                CriticFilter.calibrate([c], real(d), quantile).threshold for c, d in zip(critics, own)
-            ]
+            thresholds = [CriticFilter.calibrate([c], real(d), quantile).threshold for c, d in zip(critics, own)]
+            mixture.adopt(FilterRule(rule="own", thresholds=thresholds, quantile=quantile))
         else:
-            mixture.threshold = CriticFilter.calibrate(critics, real(self.train), quantile).threshold
+            threshold = CriticFilter.calibrate(critics, real(self.train), quantile).threshold
+            mixture.adopt(FilterRule(threshold=threshold, quantile=quantile))
         return mixture.sample(self.n, seed=self.seed + 100, data_space=False)
 
 
