@@ -25,6 +25,7 @@ CELLS = ["0-0", "0-1", "1-0", "1-1"]
 SIDE_FIELDS = {"loss", "fitness", "learning_rate"}
 RECORD_FIELDS = {
     "iteration", "cell", "epoch", "generator", "discriminator", "losses_used", "score", "mixture", "neighbours", "seconds", "steps",
+    "tile",  # an embedded mlp run is one tile (docs/tiles.md)
 }  # fmt: skip
 
 

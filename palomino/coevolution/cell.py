@@ -140,6 +140,13 @@ class Cell:
 
     def iterate(self, neighbours: Mapping[Coord, Snapshot]) -> IterationReport:
         """Run one iteration against the given neighbour snapshots (one per neighbour at most)."""
+        selected = self.select(neighbours)
+        steps = self._train(selected.generators, selected.discriminators)
+        return self.complete(selected, steps)
+
+    def select(self, neighbours: Mapping[Coord, Snapshot]) -> Selected:
+        """The iteration up to training: fitness over the neighbourhood, then selection.
+        (A tile calls this for each of its cells, trains them all at once, then `complete`.)"""
         others = [Coord(*c) for c in self.topology.neighbours(self.coord) if Coord(*c) in neighbours]
         foreign_g = [self._from_snapshot(neighbours[c], "generator") for c in others]
         foreign_d = [self._from_snapshot(neighbours[c], "discriminator") for c in others]
@@ -160,15 +167,21 @@ class Cell:
         # alone) builds the new local populations, which train against each other.
         new_g = self._select(all_g, len(self.generators))
         new_d = self._select(all_d, len(self.discriminators))
-        steps = self._train(new_g, new_d)
+        heard = {str(c): neighbours[c].iteration for c in others}
+        return Selected(new_g, new_d, others, foreign_g, all_d, draw, fakes, d_reals, heard)
 
+    def complete(self, selected: Selected, steps: Steps) -> IterationReport:
+        """The iteration after training: re-evaluation, replacement, the mixture, the report."""
+        new_g, new_d, draw, all_d = selected.generators, selected.discriminators, selected.draw, selected.all_d
         # Re-evaluate the trained individuals against the neighbourhood (whose discriminators
         # have not changed since: their logits on real data are reused), then replace the worst.
         new_fakes = self._generate(new_g, draw.z, draw.labels)
         g_table, _, _ = loss_table(
-            new_fakes, [d.network for d in all_d], draw.real, self.fitness_loss, d_reals, draw.labels
+            new_fakes, [d.network for d in all_d], draw.real, self.fitness_loss, selected.d_reals, draw.labels
         )
-        _, d_table, _ = loss_table(fakes, [d.network for d in new_d], draw.real, self.fitness_loss, labels=draw.labels)
+        _, d_table, _ = loss_table(
+            selected.fakes, [d.network for d in new_d], draw.real, self.fitness_loss, labels=draw.labels
+        )
         self._assign(new_g, g_table, dim=1)
         self._assign(new_d, d_table, dim=0)
         for ind in [*new_g, *new_d]:
@@ -176,8 +189,8 @@ class Cell:
         self.generators = self._replace(self.generators, new_g)
         self.discriminators = self._replace(self.discriminators, new_d)
 
-        self._evolve_mixture([self.generators.best, *foreign_g], [self.coord, *others])
-        report = _report(self, steps, {str(c): neighbours[c].iteration for c in others})
+        self._evolve_mixture([self.generators.best, *selected.foreign_g], [self.coord, *selected.others])
+        report = _report(self, steps, selected.heard)
         self.iteration += 1
         return report
 
@@ -282,6 +295,22 @@ class Cell:
 
     def adopt(self, snapshot: Snapshot) -> None:
         cell_state.adopt(self, snapshot)
+
+
+@dataclass
+class Selected:
+    """An iteration between selection and training: the sub-populations to train, and what
+    re-evaluation reuses (the fitness draw, the first fakes, the discriminators' real logits)."""
+
+    generators: list[Individual]
+    discriminators: list[Individual]
+    others: list[Coord]  # the neighbours heard from
+    foreign_g: list[Individual]
+    all_d: list[Individual]
+    draw: FitnessDraw
+    fakes: list[torch.Tensor]
+    d_reals: list[torch.Tensor]
+    heard: dict[str, int]  # neighbour → the iteration of its snapshot
 
 
 @dataclass

@@ -471,6 +471,11 @@ class ExperimentConfig(_Strict):
         0, ge=0, le=2**63 - 1, description="seeds every cell (SeedSequence([seed, row, col])), the toys and subsetting"
     )
     device: str = Field("cpu", description="cpu or cuda[:N]")
+    tiles: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="train a process's cells in lockstep as one tile, weights stacked (docs/tiles.md): auto = "
+        "where the networks have a stacked form (mlp), on = require it, off = one cell at a time",
+    )
     grid: GridConfig = Field(default_factory=GridConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -484,6 +489,26 @@ class ExperimentConfig(_Strict):
         if value != "cpu" and not value.startswith("cuda"):
             raise ValueError("device must be 'cpu' or 'cuda[:N]'")
         return value
+
+    @field_validator("tiles", mode="before")
+    @classmethod
+    def _tiles_word(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as true/false: take them as the words they were.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _tiles_fit(self) -> ExperimentConfig:
+        if self.tiles == "on" and self.network.name != "mlp":
+            raise ValueError(
+                f"tiles: on needs a network with a stacked form (mlp); network.name={self.network.name} trains "
+                "one cell at a time for now: use tiles: auto or off"
+            )
+        return self
+
+    @property
+    def tiled(self) -> bool:
+        """Whether a process trains its cells as one tile (palomino.coevolution.tile)."""
+        return self.tiles == "on" or (self.tiles == "auto" and self.network.name == "mlp")
 
     @model_validator(mode="after")
     def _labels_fit(self) -> ExperimentConfig:

@@ -5,6 +5,8 @@ Names say what the generator optimises. Lipizzaner's "BCE" is the non-saturating
 
 Networks output logits; the sigmoid lives here (softplus forms are the numerically stable
 BCE: −log σ(x) = softplus(−x), −log(1 − σ(x)) = softplus(x)). Every loss is minimised.
+Losses average over the last axis: logits (B,) give a scalar, a tile's stacked logits
+(members, B) one loss per member.
 """
 
 from __future__ import annotations
@@ -67,10 +69,10 @@ class MinimaxLoss(GanLoss):
     name = "minimax"
 
     def generator(self, d_fake: Tensor) -> Tensor:
-        return -F.softplus(d_fake).mean()
+        return -F.softplus(d_fake).mean(-1)
 
     def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
-        return F.softplus(-d_real).mean() + F.softplus(d_fake).mean()
+        return F.softplus(-d_real).mean(-1) + F.softplus(d_fake).mean(-1)
 
 
 class NonSaturatingLoss(MinimaxLoss):
@@ -80,7 +82,7 @@ class NonSaturatingLoss(MinimaxLoss):
     name = "nonsaturating"
 
     def generator(self, d_fake: Tensor) -> Tensor:
-        return F.softplus(-d_fake).mean()
+        return F.softplus(-d_fake).mean(-1)
 
 
 class MSELoss(GanLoss):
@@ -89,10 +91,10 @@ class MSELoss(GanLoss):
     name = "mse"
 
     def generator(self, d_fake: Tensor) -> Tensor:
-        return (torch.sigmoid(d_fake) - 1).square().mean()
+        return (torch.sigmoid(d_fake) - 1).square().mean(-1)
 
     def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
-        return (torch.sigmoid(d_real) - 1).square().mean() + torch.sigmoid(d_fake).square().mean()
+        return (torch.sigmoid(d_real) - 1).square().mean(-1) + torch.sigmoid(d_fake).square().mean(-1)
 
 
 class WGANGPLoss(GanLoss):
@@ -102,10 +104,10 @@ class WGANGPLoss(GanLoss):
     gp_weight = 10.0
 
     def generator(self, d_fake: Tensor) -> Tensor:
-        return -d_fake.mean()
+        return -d_fake.mean(-1)
 
     def discriminator_from_logits(self, d_real: Tensor, d_fake: Tensor) -> Tensor:
-        return d_fake.mean() - d_real.mean()
+        return d_fake.mean(-1) - d_real.mean(-1)
 
 
 def gradient_penalty(
@@ -120,7 +122,7 @@ def gradient_penalty(
     x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
     # create_graph: the penalty itself is differentiated when D takes its step.
     (grad,) = torch.autograd.grad(D(x_hat).sum(), x_hat, create_graph=True)
-    return (grad.flatten(1).norm(2, dim=1) - 1).square().mean()
+    return (grad.flatten(1).norm(2, dim=1) - 1).square().mean(-1)
 
 
 _LOSSES: dict[str, GanLoss] = {

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from palomino.coevolution import Cell
+from palomino.coevolution.tile import Tile
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
@@ -24,6 +25,7 @@ from palomino.runs.directory import RunDirectory
 from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings, run_cell
 from palomino.runs.result import cell_result, ensemble_result, write_class_result, write_result
+from palomino.runs.tile_loop import run_tile
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,8 @@ async def train_embedded(
         for coord, torus in tori.items()
     ]
     if resume:
-        restore_cells(run, cells, config.training.synchronous)
+        # A tile's cells move in lockstep: each resumes from the iteration all of them reached.
+        restore_cells(run, cells, config.training.synchronous or config.tiled)
         if on_restored:
             on_restored(sum(cell.iteration for cell in cells))
     else:
@@ -142,8 +145,13 @@ async def train_embedded(
 async def _run_cells(
     cells: list[Cell], bus: InMemorySnapshotBus, recorder: RunRecorder, config: ExperimentConfig, stop: asyncio.Event
 ) -> None:
-    """Every cell's loop on this event loop; their iterations in threads, as many at once as pay."""
+    """Every cell's loop on this event loop; their iterations in threads, as many at once as pay.
+    A tiled run (config.tiled) is one loop: all cells in lockstep, their training as one stack."""
     liveness = InMemoryLiveness()
+    if config.tiled:
+        settings = LoopSettings.of(config, "embedded-tile", distributed=False)
+        await run_tile(Tile(cells), bus, liveness, recorder, settings, stop)
+        return
     threads = torch.get_num_threads()
     gate = asyncio.Semaphore(parallel_cells(config, len(cells)))
 

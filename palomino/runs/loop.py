@@ -47,7 +47,7 @@ class LoopSettings:
         )
 
 
-def _due(every: int, done: int, last: int) -> bool:
+def due(every: int, done: int, last: int) -> bool:
     return done == last or (every > 0 and done % every == 0)
 
 
@@ -78,7 +78,7 @@ async def gather_neighbours(
     return found
 
 
-async def _heartbeat(liveness: Liveness, settings: LoopSettings) -> None:
+async def heartbeat(liveness: Liveness, settings: LoopSettings) -> None:
     try:
         await liveness.heartbeat(settings.worker, settings.heartbeat_ttl)
     except PalominoError as error:  # Redis away: keep training; the next heartbeat may get through
@@ -113,7 +113,7 @@ async def run_cell(
     compute = compute or asyncio.to_thread
     await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
     await bus.publish(cell.snapshot())
-    await _heartbeat(liveness, settings)
+    await heartbeat(liveness, settings)
     last = settings.iterations
     silent: set[Coord] = set()
     while cell.iteration < last and not stop.is_set():
@@ -129,15 +129,15 @@ async def run_cell(
         report = await compute(cell.iterate, neighbours)
         trained = time.perf_counter()
         await bus.publish(await compute(cell.snapshot))
-        await _heartbeat(liveness, settings)
+        await heartbeat(liveness, settings)
         published = time.perf_counter()
         record = report.to_json()
         record["seconds"] = {"wait": waited - started, "train": trained - waited, "communicate": published - trained}
         await recorder.metrics(record)
         done = cell.iteration
-        if _due(settings.sample_every, done, last):
+        if due(settings.sample_every, done, last):
             await recorder.samples(cell.coord, done, await compute(cell.samples, settings.sample_count))
-        if _due(settings.checkpoint_every, done, last):
+        if due(settings.checkpoint_every, done, last):
             await recorder.checkpoint(cell.coord, done, *cell.state())
     if stop.is_set() and cell.iteration < last:
         await recorder.checkpoint(cell.coord, cell.iteration, *cell.state())

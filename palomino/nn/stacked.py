@@ -1,0 +1,111 @@
+"""Perceptrons stacked on a leading member axis: one batched kernel per layer for a whole tile.
+
+A tile (palomino/coevolution/tile.py) trains many cells' networks at once. Their weights are
+stacked: `Linear(in, out)`'s weight (out, in) becomes (M, out, in) for M members, and a layer
+is one `baddbmm` over all of them instead of M small matmuls (each launch-bound on a GPU and
+Python-bound on a CPU). Inputs carry the member axis too: (M, B, …) in, (M, B, …) out.
+
+The stacked forms compute exactly what each member's module computes (checked in float64 by
+tests/test_tiles.py), so a tile cuts its weights back into ordinary modules at its edges and
+snapshots, checkpoints and the wire never see a stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from palomino.nn.conditional import ConditionalMLPDiscriminator, ConditionalMLPGenerator
+from palomino.nn.mlp import MLPDiscriminator, MLPGenerator
+
+STACKABLE = (MLPGenerator, MLPDiscriminator, ConditionalMLPGenerator, ConditionalMLPDiscriminator)
+Params = dict[str, Tensor]
+
+
+def stackable(module: nn.Module) -> bool:
+    """Whether a tile can train this network in its stacked form (the perceptrons, for now)."""
+    return isinstance(module, STACKABLE)
+
+
+@dataclass(frozen=True)
+class StackedMLP:
+    """How to run a stack of one perceptron architecture: the template's layers, no weights.
+
+    `prefix` is where the perceptron's own parameters live ("body." in a conditional wrapper).
+    """
+
+    generator: bool
+    sample_shape: tuple[int, ...]
+    activation: nn.Module  # stateless (Tanh, ReLU, LeakyReLU(0.2)): applies to any shape
+    output: nn.Module  # the generator's Tanh or Identity
+    minibatch_std: bool
+    conditional: bool
+    names: tuple[str, ...]  # parameter names, in `named_parameters()` order (Adam's order too)
+
+    @classmethod
+    def of(cls, template: nn.Module) -> StackedMLP:
+        if not stackable(template):
+            raise TypeError(f"{type(template).__name__} has no stacked form; a tile stacks {_names()}")
+        conditional = isinstance(template, (ConditionalMLPGenerator, ConditionalMLPDiscriminator))
+        body = template.body if conditional else template
+        generator = isinstance(body, MLPGenerator)
+        return cls(
+            generator=generator,
+            sample_shape=tuple(template.sample_shape),
+            activation=body.net[1],
+            output=body.net[5] if generator else nn.Identity(),
+            minibatch_std=False if generator else body.minibatch_std,
+            conditional=conditional,
+            names=tuple(name for name, _ in template.named_parameters()),
+        )
+
+    def forward(self, params: Params, x: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Generators: z (M, B, latent) → samples (M, B, *sample_shape); discriminators:
+        samples (M, B, *sample_shape) → logits (M, B). `labels` (M, B) for conditional stacks."""
+        p = "body.net." if self.conditional else "net."
+        h = x if self.generator else x.flatten(2)
+        if self.conditional:
+            if labels is None:
+                raise ValueError("a conditional stack needs the labels of its inputs")
+            table = params["embed.weight"]  # (M, label_count, label_dim): each member's own embedding
+            h = torch.cat([h, table[torch.arange(len(table), device=table.device)[:, None], labels]], dim=2)
+        h = self.activation(_linear(h, params[p + "0.weight"], params[p + "0.bias"]))
+        if self.minibatch_std:
+            spread = h.std(1, unbiased=False).mean(-1) if h.shape[1] > 1 else h.new_zeros(h.shape[0])
+            h = torch.cat([h, spread[:, None, None].expand(-1, h.shape[1], 1)], dim=2)
+        h = self.activation(_linear(h, params[p + "2.weight"], params[p + "2.bias"]))
+        h = _linear(h, params[p + "4.weight"], params[p + "4.bias"])
+        if not self.generator:
+            return h.squeeze(-1)
+        return self.output(h).view(h.shape[0], h.shape[1], *self.sample_shape)
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """x (M, B, in) · weightᵀ (M, in, out) + bias (M, out): one kernel for every member."""
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+
+def stack(modules: Sequence[nn.Module], names: Sequence[str]) -> Params:
+    """The members' parameters stacked (copies), as leaves that collect gradients."""
+    per_module = [dict(m.named_parameters()) for m in modules]
+    return {name: torch.stack([p[name].detach() for p in per_module]).requires_grad_(True) for name in names}
+
+
+@torch.no_grad()
+def unstack(params: Params, modules: Sequence[nn.Module]) -> None:
+    """Copy each member's slice back into its own module."""
+    for index, module in enumerate(modules):
+        for name, parameter in module.named_parameters():
+            parameter.copy_(params[name][index])
+
+
+def gather(params: Params, index: Tensor) -> Params:
+    """The members at `index` (opponents, a loss's rows), still connected to `params`' gradients."""
+    return {name: value[index] for name, value in params.items()}
+
+
+def _names() -> str:
+    return ", ".join(cls.__name__ for cls in STACKABLE)

@@ -1,0 +1,79 @@
+"""Adam over stacked parameters, with a learning rate and a step count per member.
+
+Each member of a tile keeps its own rate (mutated before every step, scaled by the decay)
+and its own step count (a clone from a neighbour arrives with its moments), so one
+`torch.optim.Adam` cannot serve the stack; this is its update written once for all members,
+the same arithmetic as torch's single-tensor Adam (weight decay 0, no amsgrad).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from palomino.nn.stacked import Params
+
+
+class StackedAdam:
+    def __init__(
+        self, params: Params, optimizers: Sequence[torch.optim.Adam], betas: tuple[float, float], eps: float = 1e-8
+    ) -> None:
+        """`optimizers[m]` is member m's Adam: its moments and step count are stacked (zeros if it never stepped)."""
+        self.params, self.betas, self.eps = params, betas, eps
+        moments: dict[str, tuple[list[Tensor], list[Tensor]]] = {name: ([], []) for name in params}
+        counts = []
+        for member, optimizer in enumerate(optimizers):
+            count = 0.0
+            for (name, (avg, avg_sq)), parameter in zip(moments.items(), optimizer.param_groups[0]["params"]):
+                state = optimizer.state.get(parameter, {})
+                zeros = torch.zeros_like(params[name][member], requires_grad=False)
+                avg.append(state.get("exp_avg", zeros))
+                avg_sq.append(state.get("exp_avg_sq", zeros))
+                count = float(state["step"]) if "step" in state else 0.0
+            counts.append(count)
+        self.exp_avg: Params = {name: torch.stack(avg) for name, (avg, _) in moments.items()}
+        self.exp_avg_sq: Params = {name: torch.stack(avg_sq) for name, (_, avg_sq) in moments.items()}
+        device = next(iter(params.values())).device
+        self.steps = torch.tensor(counts, dtype=torch.float64, device=device)
+
+    @torch.no_grad()
+    def step(self, grads: Params, learning_rates: Tensor, active: Tensor | None = None) -> None:
+        """One update of every `active` member (all when None) with its own learning rate (M,)."""
+        beta1, beta2 = self.betas
+        steps = self.steps + (1.0 if active is None else active.to(self.steps.dtype))
+        counted = steps.clamp(min=1.0)  # a member that never stepped and is inactive: no 0/0
+        step_size = learning_rates.to(self.steps) / (1 - beta1**counted)
+        correction2 = (1 - beta2**counted).sqrt()
+        for name, param in self.params.items():
+            shape = (-1,) + (1,) * (param.dim() - 1)
+            grad = grads[name]
+            exp_avg = self.exp_avg[name].lerp(grad, 1 - beta1)
+            exp_avg_sq = self.exp_avg_sq[name].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / correction2.to(param.dtype).view(shape)).add_(self.eps)
+            update = exp_avg / denom * step_size.to(param.dtype).view(shape)
+            if active is None:
+                self.exp_avg[name], self.exp_avg_sq[name] = exp_avg, exp_avg_sq
+                param.sub_(update)
+            else:
+                keep = active.view(shape)
+                self.exp_avg[name] = torch.where(keep, exp_avg, self.exp_avg[name])
+                self.exp_avg_sq[name] = torch.where(keep, exp_avg_sq, self.exp_avg_sq[name])
+                param.sub_(torch.where(keep, update, torch.zeros_like(update)))
+        self.steps = steps
+
+    @torch.no_grad()
+    def unstack(self, optimizers: Sequence[torch.optim.Adam]) -> None:
+        """Each member's moments and step count back into its own Adam (as torch keeps them)."""
+        names = list(self.params)
+        counts = self.steps.tolist()
+        for member, optimizer in enumerate(optimizers):
+            if counts[member] == 0:
+                continue  # never stepped: its Adam keeps no state, as torch's would not
+            for name, parameter in zip(names, optimizer.param_groups[0]["params"]):
+                optimizer.state[parameter] = {
+                    "step": torch.tensor(counts[member], dtype=torch.float32),
+                    "exp_avg": self.exp_avg[name][member].clone(),
+                    "exp_avg_sq": self.exp_avg_sq[name][member].clone(),
+                }

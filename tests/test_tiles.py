@@ -1,0 +1,324 @@
+"""Tiles: many cells trained in lockstep with stacked weights compute what the cells compute one by one.
+
+Equality is checked in float64, where the only differences are the order of float operations:
+the stacked forward against each module, one tiled iteration against the cells' own
+iterations (every loss, Mustangs' mixture, several rates per member, conditional networks),
+resuming a tiled checkpoint untiled and back, and `palomino train` with tiles on and off.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import palomino, tiny, write_yaml
+
+from palomino.coevolution import Cell
+from palomino.coevolution.tile import Tile
+from palomino.config import ExperimentConfig, parse_config
+from palomino.data import Dataset, load_dataset
+from palomino.grid import Coord, Topology
+from palomino.nn import build_discriminator, build_generator
+from palomino.nn.stacked import StackedMLP, stack, stackable, unstack
+from palomino.nn.stacked_adam import StackedAdam
+
+
+@pytest.fixture
+def float64() -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def config(**changes: Any) -> ExperimentConfig:
+    base = {"training": {"iterations": 4, "batches_per_iteration": 3, "fitness": {"sample_size": 16}}}
+    return parse_config(tiny(**{**base, **changes}))
+
+
+def ring64() -> Dataset:
+    """The ring toy; make_cells moves the cells' data to the default dtype (float64 in these tests)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)  # datasets are float32 by contract
+    try:
+        return load_dataset(config().data, 0)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def make_cells(cfg: ExperimentConfig, dataset: Dataset) -> list[Cell]:
+    topology = Topology(cfg.grid.rows, cfg.grid.cols, cfg.grid.neighbourhood)
+    cells = [Cell(Coord(*c), topology, cfg, dataset, experiment="test") for c in topology.cells()]
+    for cell in cells:
+        cell.data.samples = cell.data.samples.to(torch.get_default_dtype())
+    return cells
+
+
+def neighbourhoods(cells: list[Cell]) -> dict[Coord, dict[Coord, Any]]:
+    snapshots = {cell.coord: cell.snapshot() for cell in cells}
+    return {cell.coord: {n: snapshots[n] for n in cell.topology.neighbours(cell.coord)} for cell in cells}
+
+
+def one_by_one(cells: list[Cell], iterations: int) -> list[dict]:
+    reports = []
+    for _ in range(iterations):
+        seen = neighbourhoods(cells)
+        reports += [cell.iterate(seen[cell.coord]).to_json() for cell in cells]
+    return reports
+
+
+def tiled(cells: list[Cell], iterations: int) -> list[dict]:
+    tile, reports = Tile(cells), []
+    for _ in range(iterations):
+        reports += [report.to_json() for report in tile.iterate(neighbourhoods(cells))]
+    return reports
+
+
+def assert_same_cells(left: list[Cell], right: list[Cell], tolerance: float = 1e-9) -> None:
+    for a, b in zip(left, right):
+        (ta, ma), (tb, mb) = a.state(), b.state()
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            assert torch.allclose(ta[key].double(), tb[key].double(), rtol=tolerance, atol=tolerance), (a.coord, key)
+        for key in ("iteration", "cursor", "rng", "mixture"):
+            assert ma[key] == pytest.approx(mb[key], rel=tolerance) if key == "mixture" else ma[key] == mb[key], key
+        for name, info in ma["individuals"].items():
+            other = mb["individuals"][name]
+            assert info["learning_rate"] == pytest.approx(other["learning_rate"], rel=1e-12), name
+            assert (info["loss"], info["origin"]) == (other["loss"], other["origin"]), name
+            assert info["fitness"] == pytest.approx(other["fitness"], rel=1e-7), name
+
+
+def assert_same_reports(left: list[dict], right: list[dict]) -> None:
+    assert len(left) == len(right)
+    for a, b in zip(left, right):
+        assert (a["cell"], a["iteration"], a["losses_used"], a["steps"]) == (
+            b["cell"],
+            b["iteration"],
+            b["losses_used"],
+            b["steps"],
+        )
+        for role in ("generator", "discriminator"):
+            assert a[role] == pytest.approx(b[role], rel=1e-7), (a["cell"], role)
+
+
+# ---- the stacked networks ------------------------------------------------------------------------
+
+NETWORKS = [
+    pytest.param({}, id="mlp"),
+    pytest.param({"activation": "tanh", "minibatch_std": True}, id="tanh-minibatch-std"),
+    pytest.param({"activation": "relu", "conditional": True, "label_dim": 4}, id="relu-conditional"),
+    pytest.param({"conditional": True, "minibatch_std": True}, id="conditional-minibatch-std"),
+]
+
+
+@pytest.mark.parametrize("network", NETWORKS)
+@pytest.mark.parametrize("kind", ["points", "image"])
+def test_stacked_forward_matches_each_member(float64: None, network: dict, kind: str) -> None:
+    spec = config(network={"name": "mlp", "hidden": 16, "latent_dim": 8, **network}).network
+    shape = (2,) if kind == "points" else (1, 6, 6)
+    labels = 3 if spec.conditional else None
+    for build in (build_generator, build_discriminator):
+        members = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            members.append(build(spec, shape, kind, labels))
+        layout = StackedMLP.of(members[0])
+        params = stack(members, layout.names)
+        x = torch.randn(3, 5, 8) if build is build_generator else torch.randn(3, 5, *shape)
+        y = torch.randint(0, 3, (3, 5)) if labels else None
+        out = layout.forward(params, x, y)
+        for m, module in enumerate(members):
+            alone = module(x[m]) if y is None else module(x[m], y[m])
+            assert torch.allclose(out[m], alone, rtol=1e-12, atol=1e-12), (build.__name__, m)
+
+
+def test_unstack_writes_each_members_weights_back(float64: None) -> None:
+    spec = config().network
+    members = [build_generator(spec, (2,), "points") for _ in range(2)]
+    layout = StackedMLP.of(members[0])
+    params = stack(members, layout.names)
+    with torch.no_grad():
+        for value in params.values():
+            value[1] += 1.0
+    before = [p.clone() for p in members[0].parameters()]
+    unstack(params, members)
+    assert all(torch.equal(a, b) for a, b in zip(before, members[0].parameters()))
+    assert torch.allclose(params["net.0.weight"][1], members[1].net[0].weight)
+
+
+def test_dcgan_has_no_stacked_form_and_says_what_to_do() -> None:
+    dcgan = parse_config(tiny(network={"name": "dcgan", "width": 8}, data={"name": "gaussian_grid"}))
+    assert dcgan.tiles == "auto" and not dcgan.tiled
+    module = build_discriminator(dcgan.network, (1, 28, 28), "image")
+    assert not stackable(module)
+    with pytest.raises(TypeError, match="no stacked form"):
+        StackedMLP.of(module)
+
+
+def test_stacked_adam_matches_torch_adam_per_member(float64: None) -> None:
+    """Members at different step counts (one fresh), each with its own rate, some inactive."""
+    spec = config().network
+    members = [build_discriminator(spec, (2,), "points") for _ in range(3)]
+    optimizers = [torch.optim.Adam(m.parameters(), lr=1e-3, betas=(0.5, 0.999)) for m in members]
+    for steps, (module, optimizer) in zip((2, 0, 5), zip(members, optimizers)):
+        for _ in range(steps):
+            optimizer.zero_grad()
+            module(torch.randn(4, 2)).square().mean().backward()
+            optimizer.step()
+    reference = [(m, o) for m, o in zip(members, optimizers)]
+    copies = []
+    for module, optimizer in reference:
+        twin = build_discriminator(spec, (2,), "points")
+        twin.load_state_dict(module.state_dict())
+        twin_opt = torch.optim.Adam(twin.parameters(), lr=1e-3, betas=(0.5, 0.999))
+        twin_opt.load_state_dict(optimizer.state_dict())
+        copies.append((twin, twin_opt))
+    layout = StackedMLP.of(members[0])
+    params = stack([c[0] for c in copies], layout.names)
+    adam = StackedAdam(params, [c[1] for c in copies], (0.5, 0.999))
+    rates = [1e-3, 3e-2, 2e-4]
+    active = [True, True, False]
+    x = torch.randn(3, 4, 2)
+    for step in range(3):
+        mask = None if step == 0 else torch.tensor(active)
+        values = layout.forward(params, x).square().mean(-1)
+        grads = torch.autograd.grad(values.sum(), list(params.values()))
+        adam.step(dict(zip(params, grads)), torch.tensor(rates, dtype=torch.float64), mask)
+        for m, (module, optimizer) in enumerate(reference):
+            if step > 0 and not active[m]:
+                continue
+            optimizer.param_groups[0]["lr"] = rates[m]
+            optimizer.zero_grad()
+            module(x[m]).square().mean().backward()
+            optimizer.step()
+    unstack(params, [c[0] for c in copies])
+    adam.unstack([c[1] for c in copies])
+    for (module, optimizer), (twin, twin_opt) in zip(reference, copies):
+        for a, b in zip(module.parameters(), twin.parameters()):
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+            sa, sb = optimizer.state[a], twin_opt.state[b]
+            assert float(sa["step"]) == float(sb["step"])
+            assert torch.allclose(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=1e-12, atol=1e-16)
+
+
+# ---- a tile against its cells one by one -------------------------------------------------------
+
+CASES = [
+    pytest.param({}, id="minimax-default"),
+    pytest.param({"training": {"losses": ["nonsaturating"]}}, id="nonsaturating"),
+    pytest.param({"training": {"losses": ["mse"]}}, id="mse"),
+    pytest.param({"training": {"losses": ["wgan_gp"], "n_critic": 2, "batches_per_iteration": 4}}, id="wgan-gp"),
+    pytest.param(
+        {"training": {"losses": ["minimax", "nonsaturating", "mse", "wgan_gp"], "batches_per_iteration": 6}},
+        id="mustangs-mixture",
+    ),
+    pytest.param(
+        {
+            "training": {
+                "population_size": 2,
+                "mutation": {"probability": 1.0, "alpha": 0.5},
+                "discriminator_skip_each_nth_step": 1,
+            }
+        },
+        id="population-2-mutated-rates-skip",
+    ),
+    pytest.param({"network": {"conditional": True, "minibatch_std": True}}, id="conditional-minibatch-std"),
+    pytest.param(
+        {"training": {"data_regions": True, "decay": {"start": 0.25, "final": 0.1}}, "grid": {"rows": 3, "cols": 3}},
+        id="regions-decay-3x3",
+    ),
+]
+
+
+@pytest.mark.parametrize("changes", CASES)
+def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict) -> None:
+    merged: dict[str, Any] = {"training": {"iterations": 4, "batches_per_iteration": 3, "fitness": {"sample_size": 16}}}
+    for section, values in changes.items():
+        merged[section] = {**merged.get(section, {}), **values}
+    cfg = parse_config(tiny(**merged))
+    dataset = ring64()
+    alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
+    expected = one_by_one(alone, 3)
+    assert_same_reports(expected, tiled(together, 3))
+    assert_same_cells(alone, together)
+    rates = {ind.learning_rate for cell in together for ind in cell.generators}
+    if "mutated" in str(changes) or "population_size" in str(changes):
+        assert len(rates) > 1  # members really trained at different rates
+
+
+def test_a_tiled_checkpoint_resumes_untiled_and_back(float64: None) -> None:
+    cfg, dataset = config(), ring64()
+    reference = make_cells(cfg, dataset)
+    tiled(reference, 4)
+
+    first = make_cells(cfg, dataset)
+    tiled(first, 2)
+    second = make_cells(cfg, dataset)  # resumes the tile's checkpoint, one by one
+    for cell, saved in zip(second, first):
+        cell.restore(*saved.state())
+    one_by_one(second, 1)
+    third = make_cells(cfg, dataset)  # and back into a tile
+    for cell, saved in zip(third, second):
+        cell.restore(*saved.state())
+    tiled(third, 1)
+    assert_same_cells(reference, third)
+
+
+def test_cells_on_different_batch_sizes_share_a_tile(float64: None) -> None:
+    """A region smaller than a batch gives its cell smaller batches: it trains in its own stack."""
+    cfg = config(training={"batch_size": 64, "batches_per_iteration": 2, "data_regions": True, "iterations": 3})
+    ring = ring64()
+    dataset = Dataset(ring.name, ring.samples[:150], ring.labels[:150], ring.kind, ring.modes)
+    alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
+    assert len({min(64, len(c.data)) for c in alone}) > 1, "the regions should differ in batch size"
+    assert_same_reports(one_by_one(alone, 2), tiled(together, 2))
+    assert_same_cells(alone, together)
+
+
+def test_a_tile_refuses_cells_without_a_stacked_form() -> None:
+    cfg = parse_config(tiny(network={"name": "dcgan", "width": 4, "latent_dim": 8}, grid={"rows": 1, "cols": 1}))
+    assert cfg.tiles == "auto" and not cfg.tiled  # auto: dcgan trains one cell at a time
+    images = Dataset("images", torch.rand(64, 1, 28, 28) * 2 - 1, None, "image")
+    with pytest.raises(ValueError, match="no stacked form"):
+        Tile(make_cells(cfg, images))
+    with pytest.raises(Exception, match="tiles: on needs"):
+        parse_config(tiny(network={"name": "dcgan"}, tiles="on"))
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def metrics_of(out: Any) -> list[dict]:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return sorted(records, key=lambda r: (r["iteration"], r["cell"]))
+
+
+def test_train_tiled_is_reproducible_and_matches_untiled(tmp_path) -> None:
+    raw = tiny(training={"iterations": 3, "synchronous": True})
+    runs = {}
+    for name, tiles in (("a", "on"), ("b", "on"), ("off", "off")):
+        cfg = write_yaml(tmp_path / f"{name}.yaml", {**raw, "tiles": tiles})
+        result = palomino("train", cfg, "--out", tmp_path / name, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = metrics_of(tmp_path / name)
+    strip = [{k: v for k, v in r.items() if k not in ("seconds", "tile")} for r in runs["a"]]
+    assert strip == [{k: v for k, v in r.items() if k not in ("seconds", "tile")} for r in runs["b"]]
+    assert {r["tile"] for r in runs["a"]} == {4}
+    assert all("tile" not in r for r in runs["off"])
+    for tiled_record, alone in zip(runs["a"], runs["off"]):  # float32: the same run to rounding
+        assert tiled_record["losses_used"] == alone["losses_used"]
+        assert tiled_record["generator"]["loss"] == pytest.approx(alone["generator"]["loss"], rel=1e-3, abs=1e-4)
+
+
+def test_train_tiles_on_with_dcgan_exits_2_naming_the_field(tmp_path) -> None:
+    cfg = write_yaml(tmp_path / "bad.yaml", tiny(network={"name": "dcgan"}, tiles="on"))
+    result = palomino("train", cfg, "--out", tmp_path / "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "tiles" in result.stderr
