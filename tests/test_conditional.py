@@ -22,6 +22,7 @@ from palomino.errors import ConfigError, PalominoError
 from palomino.grid import Topology
 from palomino.nn import apply, build_discriminator, build_generator, get_loss, is_conditional
 from palomino.nn.conditional import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
+from palomino.nn.stacked import StackedMLP
 from palomino.runs import Mixture, RunDirectory
 from palomino.runs.embedded import train_embedded
 from palomino.runs.mixture import draw_labels
@@ -118,7 +119,15 @@ def test_discriminator_sees_real_samples_with_their_own_labels(monkeypatch: pyte
         calls.append((x.detach().clone(), labels.clone()))
         return original(self, x, labels)
 
+    stacked = StackedMLP.forward
+
+    def stacked_spy(self, params, x, labels=None):  # the fitness tables evaluate D stacked
+        if self.conditional and not self.generator:
+            calls.extend(zip(x.detach().clone().unbind(), labels.clone().unbind()))
+        return stacked(self, params, x, labels)
+
     monkeypatch.setattr(ConditionalMLPDiscriminator, "forward", spy)
+    monkeypatch.setattr(StackedMLP, "forward", stacked_spy)
     for _ in range(3):
         cell.iterate({})
     real_seen, fake_labels = 0, Counter()

@@ -17,7 +17,7 @@ import torch
 from conftest import palomino, tiny, write_yaml
 
 from palomino.coevolution import Cell
-from palomino.coevolution.tile import Tile
+from palomino.coevolution.tile import CPU_TILE_PARAMETERS, Tile, use_tile
 from palomino.config import ExperimentConfig, parse_config
 from palomino.data import Dataset, load_dataset
 from palomino.grid import Coord, Topology
@@ -154,7 +154,7 @@ def test_unstack_writes_each_members_weights_back(float64: None) -> None:
 
 def test_dcgan_has_no_stacked_form_and_says_what_to_do() -> None:
     dcgan = parse_config(tiny(network={"name": "dcgan", "width": 8}, data={"name": "gaussian_grid"}))
-    assert dcgan.tiles == "auto" and not dcgan.tiled
+    assert dcgan.tiles == "auto"
     module = build_discriminator(dcgan.network, (1, 28, 28), "image")
     assert not stackable(module)
     with pytest.raises(TypeError, match="no stacked form"):
@@ -252,6 +252,31 @@ def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict
         assert len(rates) > 1  # members really trained at different rates
 
 
+def test_a_tile_in_two_stacks_on_two_threads_is_the_same_tile(float64: None) -> None:
+    cfg, dataset = config(grid={"rows": 3, "cols": 3}), ring64()
+    one, two = make_cells(cfg, dataset), make_cells(cfg, dataset)
+    single, pair = Tile(one), Tile(two, workers=2)
+    for _ in range(2):
+        expected = [r.to_json() for r in single.iterate(neighbourhoods(one))]
+        assert_same_reports(expected, [r.to_json() for r in pair.iterate(neighbourhoods(two))])
+    assert_same_cells(one, two, tolerance=1e-12)
+
+
+def test_auto_tiles_small_perceptrons_on_a_cpu_and_never_a_dcgan() -> None:
+    ring = load_dataset(config().data, 0)
+    small = config(grid={"rows": 1, "cols": 2})
+    assert use_tile(small, make_cells(small, ring))
+    assert not use_tile(config(grid={"rows": 1, "cols": 2}, tiles="off"), make_cells(small, ring))
+    wide = config(grid={"rows": 1, "cols": 2}, network={"hidden": 256, "latent_dim": 64})
+    cells = make_cells(wide, ring)
+    size = sum(
+        p.numel() for ind in (cells[0].generators.best, cells[0].discriminators.best) for p in ind.network.parameters()
+    )
+    assert size > CPU_TILE_PARAMETERS and not use_tile(wide, cells)  # compute-bound on a CPU: one by one
+    forced = config(grid={"rows": 1, "cols": 2}, network={"hidden": 256, "latent_dim": 64}, tiles="on")
+    assert use_tile(forced, make_cells(forced, ring))
+
+
 def test_a_tiled_checkpoint_resumes_untiled_and_back(float64: None) -> None:
     cfg, dataset = config(), ring64()
     reference = make_cells(cfg, dataset)
@@ -283,10 +308,11 @@ def test_cells_on_different_batch_sizes_share_a_tile(float64: None) -> None:
 
 def test_a_tile_refuses_cells_without_a_stacked_form() -> None:
     cfg = parse_config(tiny(network={"name": "dcgan", "width": 4, "latent_dim": 8}, grid={"rows": 1, "cols": 1}))
-    assert cfg.tiles == "auto" and not cfg.tiled  # auto: dcgan trains one cell at a time
     images = Dataset("images", torch.rand(64, 1, 28, 28) * 2 - 1, None, "image")
+    cells = make_cells(cfg, images)
+    assert not use_tile(cfg, cells)  # auto: dcgan trains one cell at a time
     with pytest.raises(ValueError, match="no stacked form"):
-        Tile(make_cells(cfg, images))
+        Tile(cells)
     with pytest.raises(Exception, match="tiles: on needs"):
         parse_config(tiny(network={"name": "dcgan"}, tiles="on"))
 

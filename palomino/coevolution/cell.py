@@ -15,7 +15,7 @@ import torch
 
 from palomino.coevolution import cell_state
 from palomino.coevolution.cell_data import CellData, cell_dataset, cell_seed
-from palomino.coevolution.fitness import aggregate, loss_table
+from palomino.coevolution.fitness import aggregate, generate, loss_table
 from palomino.coevolution.individual import Individual, Population, Role
 from palomino.coevolution.mixture import MixtureScore, evolve_weights
 from palomino.coevolution.networks import NeighbourSlots, Networks
@@ -235,7 +235,7 @@ class Cell:
     def _generate(
         self, generators: list[Individual], z: torch.Tensor, labels: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
-        return [apply(g.network, z, labels) for g in generators]
+        return generate([g.network for g in generators], z, labels)
 
     def _train(self, new_g: list[Individual], new_d: list[Individual]) -> Steps:
         return self.training.run(new_g, new_d, self.iteration)

@@ -9,16 +9,44 @@ report, so tiled and untiled processes share a grid and resume each other's chec
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from palomino.coevolution.cell import Cell, IterationReport
 from palomino.coevolution.tile_training import Lane, train_tile
+from palomino.config import ExperimentConfig
 from palomino.grid import Coord
 from palomino.nn.stacked import stackable
 from palomino.wire import Snapshot
 
+T = TypeVar("T")
+
+# On a CPU a stack pays while a layer's kernel is short next to its dispatch (the 2-D toys'
+# perceptrons, ~40,000 parameters a cell: 2× per thread); MNIST's (~550,000) are compute-bound
+# there and ran at 0.9× stacked (benchmarks/tiles.py), so `auto` leaves them one by one.
+CPU_TILE_PARAMETERS = 100_000
+
+
+def use_tile(config: ExperimentConfig, cells: Sequence[Cell]) -> bool:
+    """Whether a process trains these cells as one tile: `tiles: on`, or `auto` where it pays —
+    perceptrons on a GPU, small perceptrons on a CPU."""
+    if config.tiles == "off" or not cells:
+        return False
+    if config.tiles == "on":
+        return True
+    networks = [cells[0].generators.best.network, cells[0].discriminators.best.network]
+    if not all(stackable(network) for network in networks):
+        return False
+    size = sum(p.numel() for network in networks for p in network.parameters())
+    return cells[0].device.type != "cpu" or size <= CPU_TILE_PARAMETERS
+
 
 class Tile:
-    def __init__(self, cells: Sequence[Cell]) -> None:
+    """`workers` > 1 (a CPU's cores): the cells' own halves run side by side in threads and the
+    training in as many stacks, each on one torch thread — a lane depends on no other lane,
+    so the result does not depend on `workers`. On a GPU, one stack (workers = 1)."""
+
+    def __init__(self, cells: Sequence[Cell], workers: int = 1) -> None:
         if not cells:
             raise ValueError("a tile needs at least one cell")
         first = cells[0]
@@ -28,6 +56,7 @@ class Tile:
             if not all(stackable(ind.network) for ind in [*cell.generators, *cell.discriminators]):
                 raise ValueError(f"cell {cell.coord}: its networks have no stacked form; train it with tiles: off")
         self.cells = list(cells)
+        self.workers = max(1, min(workers, len(self.cells)))
 
     @property
     def iteration(self) -> int:
@@ -36,10 +65,23 @@ class Tile:
 
     def iterate(self, neighbours: Mapping[Coord, Mapping[Coord, Snapshot]]) -> list[IterationReport]:
         """One iteration of every cell; `neighbours[cell]` are that cell's neighbours' snapshots."""
-        selected = [cell.select(neighbours[cell.coord]) for cell in self.cells]
-        lanes = [
-            Lane(cell.training, chosen.generators, chosen.discriminators, cell.iteration)
-            for cell, chosen in zip(self.cells, selected)
-        ]
-        steps = train_tile(lanes)
-        return [cell.complete(chosen, done) for cell, chosen, done in zip(self.cells, selected, steps)]
+        with ThreadPoolExecutor(self.workers) as pool:
+            run = pool.map if self.workers > 1 else map
+            selected = list(run(lambda cell: cell.select(neighbours[cell.coord]), self.cells))
+            lanes = [
+                Lane(cell.training, chosen.generators, chosen.discriminators, cell.iteration)
+                for cell, chosen in zip(self.cells, selected)
+            ]
+            steps = [done for part in run(train_tile, _split(lanes, self.workers)) for done in part]
+            return list(run(lambda args: args[0].complete(*args[1:]), zip(self.cells, selected, steps)))
+
+
+def _split(items: list[T], parts: int) -> list[list[T]]:
+    """`items` in `parts` contiguous runs of (nearly) equal length, in order."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < extra)
+        out.append(items[start:end])
+        start = end
+    return out

@@ -83,8 +83,12 @@ class _Role:
             lane_of.extend([lane] * len(members))
         return cls(individuals, lane_of, first)
 
-    def frozen(self, index: Tensor) -> dict[str, Tensor]:
-        return gather({k: v.detach() for k, v in self.params.items()}, index)
+    def frozen(self, index: list[int]) -> dict[str, Tensor]:
+        """The members at `index` as opponents: no gradient flows back into them."""
+        detached = {k: v.detach() for k, v in self.params.items()}
+        if index == list(range(len(self.individuals))):
+            return detached  # each member's opponent is its lane's only one (population 1): no copy
+        return gather(detached, torch.tensor(index, device=self.params[self.layout.names[0]].device))
 
     def write_back(self, scales: list[float]) -> None:
         unstack(self.params, [ind.network for ind in self.individuals])
@@ -188,7 +192,7 @@ class _Lockstep:
         z = _stacked(draws.noise)
         labels = _stacked_labels(draws.labels)
         fake = self.g.layout.forward(self.g.params, z, labels)
-        logits = self.d.layout.forward(self.d.frozen(_index(draws.opponents, self.device)), fake, labels)
+        logits = self.d.layout.forward(self.d.frozen(draws.opponents), fake, labels)
         values = _per_member(draws.losses, lambda loss, rows: loss.generator(_rows(logits, rows)), self.device)
         self._update(self.g, values, draws)
         return values.detach()
@@ -200,7 +204,7 @@ class _Lockstep:
         labels = _stacked_labels(draws.labels)
         real = _stacked(reals)[_index(self.d.lane_of, self.device)]  # each member's lane's batch
         with torch.no_grad():
-            fake = self.g.layout.forward(self.g.frozen(_index(draws.opponents, self.device)), z, labels)
+            fake = self.g.layout.forward(self.g.frozen(draws.opponents), z, labels)
         real_logits = self.d.layout.forward(self.d.params, real, labels)
         fake_logits = self.d.layout.forward(self.d.params, fake, labels)
 

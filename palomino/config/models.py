@@ -474,7 +474,7 @@ class ExperimentConfig(_Strict):
     tiles: Literal["auto", "on", "off"] = Field(
         "auto",
         description="train a process's cells in lockstep as one tile, weights stacked (docs/tiles.md): auto = "
-        "where the networks have a stacked form (mlp), on = require it, off = one cell at a time",
+        "where it pays (mlp on a GPU; small mlp on a CPU), on = always (mlp only), off = one cell at a time",
     )
     grid: GridConfig = Field(default_factory=GridConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -504,11 +504,6 @@ class ExperimentConfig(_Strict):
                 "one cell at a time for now: use tiles: auto or off"
             )
         return self
-
-    @property
-    def tiled(self) -> bool:
-        """Whether a process trains its cells as one tile (palomino.coevolution.tile)."""
-        return self.tiles == "on" or (self.tiles == "auto" and self.network.name == "mlp")
 
     @model_validator(mode="after")
     def _labels_fit(self) -> ExperimentConfig:

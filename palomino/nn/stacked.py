@@ -109,3 +109,34 @@ def gather(params: Params, index: Tensor) -> Params:
 
 def _names() -> str:
     return ", ".join(cls.__name__ for cls in STACKABLE)
+
+
+def same_architecture(modules: Sequence[nn.Module]) -> bool:
+    """Whether these networks stack: one stackable class, parameters of one shape."""
+    if not modules or not all(stackable(m) and type(m) is type(modules[0]) for m in modules):
+        return False
+    shapes = [p.shape for p in modules[0].parameters()]
+    return all([p.shape for p in m.parameters()] == shapes for m in modules[1:])
+
+
+@torch.no_grad()
+def apply_each(modules: Sequence[nn.Module], inputs: Sequence[Tensor], labels: Tensor | None = None) -> Tensor:
+    """Every module on every input, each input its own batch as in a separate call: (modules,
+    inputs, B, …) from inputs of B samples each (`labels` (B,) shared by all of them).
+
+    The fitness's all-vs-all tables and the generators' samples in a few stacked calls instead of
+    one call per pair. Without minibatch std the inputs are one long batch; with it each
+    (module, input) pair is its own member, so the batch statistics stay each input's own."""
+    layout = StackedMLP.of(modules[0])
+    params = {k: v.detach() for k, v in stack(modules, layout.names).items()}
+    count, batch = len(inputs), len(inputs[0])
+    if layout.minibatch_std:
+        index = torch.arange(len(modules), device=inputs[0].device).repeat_interleave(count)
+        x = torch.stack(list(inputs)).repeat(len(modules), *([1] * inputs[0].dim()))
+        y = None if labels is None else labels.expand(len(x), batch)
+        out = layout.forward(gather(params, index), x, y)
+    else:
+        x = torch.cat(list(inputs)).expand(len(modules), count * batch, *inputs[0].shape[1:])
+        y = None if labels is None else labels.repeat(count).expand(len(modules), count * batch)
+        out = layout.forward(params, x, y)
+    return out.reshape(len(modules), count, batch, *out.shape[2:])

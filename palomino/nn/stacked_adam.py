@@ -48,19 +48,20 @@ class StackedAdam:
         correction2 = (1 - beta2**counted).sqrt()
         for name, param in self.params.items():
             shape = (-1,) + (1,) * (param.dim() - 1)
-            grad = grads[name]
-            exp_avg = self.exp_avg[name].lerp(grad, 1 - beta1)
-            exp_avg_sq = self.exp_avg_sq[name].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / correction2.to(param.dtype).view(shape)).add_(self.eps)
-            update = exp_avg / denom * step_size.to(param.dtype).view(shape)
+            grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
+            if active is not None:  # inactive members keep their moments: update copies, then choose
+                exp_avg, exp_avg_sq = exp_avg.clone(), exp_avg_sq.clone()
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = exp_avg_sq.sqrt().div_(correction2.to(param.dtype).view(shape)).add_(self.eps)
+            update = exp_avg.mul(step_size.to(param.dtype).view(shape)).div_(denom)
             if active is None:
-                self.exp_avg[name], self.exp_avg_sq[name] = exp_avg, exp_avg_sq
                 param.sub_(update)
             else:
                 keep = active.view(shape)
                 self.exp_avg[name] = torch.where(keep, exp_avg, self.exp_avg[name])
                 self.exp_avg_sq[name] = torch.where(keep, exp_avg_sq, self.exp_avg_sq[name])
-                param.sub_(torch.where(keep, update, torch.zeros_like(update)))
+                param.sub_(update.masked_fill_(~keep, 0.0))
         self.steps = steps
 
     @torch.no_grad()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from palomino.coevolution import Cell
-from palomino.coevolution.tile import Tile
+from palomino.coevolution.tile import Tile, use_tile
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
@@ -75,9 +75,9 @@ def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | C
 
 
 def parallel_cells(config: ExperimentConfig, cells: int) -> int:
-    """How many cells iterate at once. On the CPU, one per core with one torch thread each: a
-    small network's ops are too short for torch's threads to help, while cells in threads run
-    side by side (torch releases the GIL inside ops). On a GPU, one at a time."""
+    """How many cells iterate at once (a tile: in how many stacks). On the CPU, one per core with
+    one torch thread each: a small network's ops are too short for torch's threads to help, while
+    cells in threads run side by side (torch releases the GIL inside ops). On a GPU, one at a time."""
     if config.device != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -125,9 +125,10 @@ async def train_embedded(
         Cell(coord, torus, config, dataset, experiment=run.experiment, device=config.device)
         for coord, torus in tori.items()
     ]
+    tiled = use_tile(config, cells)
     if resume:
         # A tile's cells move in lockstep: each resumes from the iteration all of them reached.
-        restore_cells(run, cells, config.training.synchronous or config.tiled)
+        restore_cells(run, cells, config.training.synchronous or tiled)
         if on_restored:
             on_restored(sum(cell.iteration for cell in cells))
     else:
@@ -136,30 +137,37 @@ async def train_embedded(
     if not run.real_samples_path.exists():
         run.write_real_samples(real_png(dataset, seed=config.seed))
     bus = InMemorySnapshotBus()
-    await _run_cells(cells, bus, RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics), config, stop)
+    recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
+    await _run_cells(cells, bus, recorder, config, stop, tiled)
     if any(cell.iteration < config.training.iterations for cell in cells):
         return TrainOutcome(finished=False)
     return await _write_results(cells, bus, config, run, dataset)
 
 
 async def _run_cells(
-    cells: list[Cell], bus: InMemorySnapshotBus, recorder: RunRecorder, config: ExperimentConfig, stop: asyncio.Event
+    cells: list[Cell],
+    bus: InMemorySnapshotBus,
+    recorder: RunRecorder,
+    config: ExperimentConfig,
+    stop: asyncio.Event,
+    tiled: bool,
 ) -> None:
     """Every cell's loop on this event loop; their iterations in threads, as many at once as pay.
-    A tiled run (config.tiled) is one loop: all cells in lockstep, their training as one stack."""
+    A tiled run is one loop: all cells in lockstep, their training as one stack."""
     liveness = InMemoryLiveness()
-    if config.tiled:
-        settings = LoopSettings.of(config, "embedded-tile", distributed=False)
-        await run_tile(Tile(cells), bus, liveness, recorder, settings, stop)
-        return
     threads = torch.get_num_threads()
-    gate = asyncio.Semaphore(parallel_cells(config, len(cells)))
-
-    async def compute(fn, *args):
-        async with gate:
-            return await asyncio.to_thread(fn, *args)
-
+    workers = parallel_cells(config, len(cells))  # sets torch's threads to match
     try:
+        if tiled:
+            settings = LoopSettings.of(config, "embedded-tile", distributed=False)
+            await run_tile(Tile(cells, workers), bus, liveness, recorder, settings, stop)
+            return
+        gate = asyncio.Semaphore(workers)
+
+        async def compute(fn, *args):
+            async with gate:
+                return await asyncio.to_thread(fn, *args)
+
         await asyncio.gather(
             *(
                 run_cell(

@@ -1,0 +1,234 @@
+"""Tiles: members × batches per second, a tile's stacked training against its cells one by one.
+
+Two measurements, in one process, on one device:
+
+  steps   For K cells of an MNIST perceptron grid (Lipizzaner's: latent 64, hidden 256,
+          batch 100, population 1), one iteration's training phase of `--batches` batches:
+          `train_tile` on all K lanes at once against `Training.run` cell after cell, on the
+          same selected individuals. members × batches/s = K × batches / seconds; the ratio is
+          tiled / one by one. One by one is timed on min(K, --alone) cells and scaled to K
+          (its cost is linear in K: nothing is shared between cells).
+  grid    `--grid R`: a whole R×R grid's iterations as `palomino train` runs them (Tile.iterate:
+          each cell's fitness and selection, the stacked training, re-evaluation, replacement
+          and mixture; plus the snapshots the cells exchange), seconds per iteration split by
+          phase, projected to `--project` batches per cell (120,000: 200 epochs of 60,000 images).
+
+Networks: `mlp` only; dcgan and sngan have no stacked form yet (they train one by one).
+Data: the MNIST test split from `--data-dir` (or PALOMINO_DATA_DIR/mnist), else random images
+of the same shape (said on the `data:` line). Seconds are this process's CPU time on the CPU
+(one torch thread: other jobs' load does not inflate it; `--clock wall` to use wall time) and
+wall time with a synchronize on CUDA.
+
+    python benchmarks/tiles.py                                # K = 1, 9, 36 on the CPU
+    python benchmarks/tiles.py --cells 1 9 36 144 576 --device cuda
+    python benchmarks/tiles.py --cells --grid 12 --device cuda --iterations 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from palomino.coevolution import Cell
+from palomino.coevolution.tile import Tile
+from palomino.coevolution.tile_training import Lane, train_tile
+from palomino.config import DataConfig, ExperimentConfig
+from palomino.data import Dataset, load_dataset
+from palomino.grid import Coord, Topology
+
+SHAPES = {1: (1, 1), 9: (3, 3), 36: (6, 6), 144: (12, 12), 576: (24, 24)}
+
+
+def load_data(data_dir: Path | None) -> tuple[Dataset, str]:
+    """The MNIST test split if it is there, otherwise random images of the same shape."""
+    where = data_dir or (Path(os.environ["PALOMINO_DATA_DIR"]) / "mnist" if "PALOMINO_DATA_DIR" in os.environ else None)
+    if where is not None:
+        try:
+            dataset = load_dataset(DataConfig(name="mnist", dir=where, split="test", download=False), 0)
+            return dataset, f"MNIST test split ({len(dataset)} images)"
+        except Exception as e:  # noqa: BLE001 - any failure means: use the fallback, and say so
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    else:
+        reason = "no --data-dir and no PALOMINO_DATA_DIR"
+    samples = torch.rand((10_000, 1, 28, 28), generator=torch.Generator().manual_seed(0)) * 2 - 1
+    return Dataset("random", samples, None, "image"), f"RANDOM images (10000, 1, 28, 28) - no MNIST: {reason}"
+
+
+def make_config(rows: int, cols: int, batches: int, device: str) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "tiles",
+            "device": device,
+            "grid": {"rows": rows, "cols": cols, "neighbourhood": "von_neumann"},
+            "training": {
+                "batch_size": 100,
+                "batches_per_iteration": batches,
+                "population_size": 1,
+                "learning_rate": 0.0002,
+                "losses": ["nonsaturating"],
+                "fitness": {"sample_size": 1000},
+                "mixture": {"score_samples": 1000},
+            },
+            "data": {"name": "mnist", "split": "test"},
+            "network": {"name": "mlp", "latent_dim": 64, "hidden": 256},
+        }
+    )
+
+
+def make_cells(config: ExperimentConfig, dataset: Dataset) -> list[Cell]:
+    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
+    return [
+        Cell(Coord(*c), topology, config, dataset, experiment="tiles", device=config.device) for c in topology.cells()
+    ]
+
+
+def neighbourhoods(cells: list[Cell]) -> dict[Coord, dict]:
+    snapshots = {cell.coord: cell.snapshot() for cell in cells}
+    return {cell.coord: {n: snapshots[n] for n in cell.topology.neighbours(cell.coord)} for cell in cells}
+
+
+class Clock:
+    def __init__(self, device: str, kind: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.read = time.perf_counter if self.cuda or kind == "wall" else time.process_time
+
+    def time(self, work: Callable[[], object]) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        start = self.read()
+        work()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return self.read() - start
+
+
+def lanes_of(cells: list[Cell]) -> list[Lane]:
+    """Each cell's lane after one real selection (its clones, ready to train)."""
+    seen = neighbourhoods(cells)
+    lanes = []
+    for cell in cells:
+        chosen = cell.select(seen[cell.coord])
+        lanes.append(Lane(cell.training, chosen.generators, chosen.discriminators, cell.iteration))
+    return lanes
+
+
+def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
+    print(f"\nsteps: {args.batches} batches of 100 per cell, MNIST perceptrons, {args.rounds} rounds (median)")
+    print(f"{'K':>5} {'tiled m·b/s':>12} {'alone m·b/s':>12} {'ratio':>7} {'tiled ms/batch':>15}")
+    for k in args.cells:
+        rows, cols = SHAPES.get(k, (1, k))
+        cells = make_cells(make_config(rows, cols, args.batches, args.device), dataset)
+        lanes = lanes_of(cells)
+        alone = lanes[: min(k, args.alone)]
+        train_tile(lanes)  # warm-up: allocations, kernels
+        for lane in alone[:1]:
+            lane.training.run(lane.generators, lane.discriminators, 0)
+        tiled_s, alone_s = [], []
+        for _ in range(args.rounds):
+            tiled_s.append(clock.time(lambda: train_tile(lanes)))
+            one = clock.time(lambda: [lane.training.run(lane.generators, lane.discriminators, 0) for lane in alone])
+            alone_s.append(one * k / len(alone))
+        tiled, by_one = statistics.median(tiled_s), statistics.median(alone_s)
+        rate = k * args.batches
+        print(
+            f"{k:>5} {rate / tiled:>12,.0f} {rate / by_one:>12,.0f} {by_one / tiled:>6.1f}× "
+            f"{1000 * tiled / args.batches:>15.2f}"
+            + ("" if len(alone) == k else f"   (one by one: {len(alone)} cells, scaled)")
+        )
+        del cells, lanes
+
+
+def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
+    side = args.grid
+    config = make_config(side, side, args.batches, args.device)
+    cells = make_cells(config, dataset)
+    tile = Tile(cells)
+    phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
+    originals = {name: getattr(Cell, name) for name in ("select", "complete")}
+    import palomino.coevolution.tile as tile_module
+
+    train_original = tile_module.train_tile
+
+    def timed(name: str, fn: Callable) -> Callable:
+        def wrapper(*a, **kw):
+            start = clock.read()
+            try:
+                return fn(*a, **kw)
+            finally:
+                phases[name] += clock.read() - start
+
+        return wrapper
+
+    seen = neighbourhoods(cells)
+    tile.iterate(seen)  # warm-up iteration
+    for name, fn in originals.items():
+        setattr(Cell, name, timed(name, fn))
+    tile_module.train_tile = timed("train", train_original)
+    try:
+        total = 0.0
+        for _ in range(args.iterations):
+            start = clock.read()
+            seen = timed("exchange", neighbourhoods)(cells)
+            tile.iterate(seen)
+            if clock.cuda:
+                torch.cuda.synchronize()
+            total += clock.read() - start
+    finally:
+        for name, fn in originals.items():
+            setattr(Cell, name, fn)
+        tile_module.train_tile = train_original
+    per = total / args.iterations
+    iterations = math.ceil(args.project / args.batches)
+    print(
+        f"\ngrid {side}×{side} ({len(cells)} cells), {args.batches} batches per iteration, {args.iterations} iterations:"
+    )
+    for name, seconds in phases.items():
+        print(f"  {name:<9} {seconds / args.iterations:8.3f} s/iteration  ({seconds / total:5.1%})")
+    print(f"  {'total':<9} {per:8.3f} s/iteration")
+    print(
+        f"  projected to {args.project:,} batches per cell ({iterations:,} iterations): "
+        f"{per * iterations / 60:,.1f} min; training steps alone {phases['train'] / args.iterations * iterations / 60:,.1f} min"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cells", type=int, nargs="*", default=[1, 9, 36], help="tile sizes K for `steps` (none: skip)"
+    )
+    parser.add_argument("--batches", type=int, default=20, help="batches per iteration")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--alone", type=int, default=9, help="time one by one on at most this many cells, scaled to K")
+    parser.add_argument("--grid", type=int, default=0, help="also run an R×R grid's whole iterations (0: no)")
+    parser.add_argument("--iterations", type=int, default=3, help="--grid: timed iterations")
+    parser.add_argument("--project", type=int, default=120_000, help="--grid: batches per cell to project to")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="CPU: process time or wall time")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="the MNIST files (default: $PALOMINO_DATA_DIR/mnist)"
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dataset, described = load_data(args.data_dir)
+    clock = Clock(args.device, args.clock)
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} torch thread(s)"
+    print(f"device: {device}; clock: {'wall' if clock.read is time.perf_counter else 'process CPU time'}")
+    print(f"data: {described}")
+    if args.cells:
+        steps(args, dataset, clock)
+    if args.grid:
+        grid(args, dataset, clock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
