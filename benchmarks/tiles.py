@@ -13,13 +13,15 @@ Two measurements, in one process, on one device:
           and mixture; plus the snapshots the cells exchange), seconds per iteration split by
           phase, projected to `--project` batches per cell (120,000: 200 epochs of 60,000 images).
 
-Networks: `mlp` only; dcgan and sngan have no stacked form yet (they train one by one).
+Networks (`--model`): Lipizzaner's MNIST perceptron, or the toys' (examples/ring-3x3.yaml:
+Tanh, hidden 128, on 2-D points). dcgan and sngan have no stacked form yet (one by one).
 Data: the MNIST test split from `--data-dir` (or PALOMINO_DATA_DIR/mnist), else random images
 of the same shape (said on the `data:` line). Seconds are this process's CPU time on the CPU
 (one torch thread: other jobs' load does not inflate it; `--clock wall` to use wall time) and
 wall time with a synchronize on CUDA.
 
     python benchmarks/tiles.py                                # K = 1, 9, 36 on the CPU
+    python benchmarks/tiles.py --model ring --cells 1 9 36 144 --grid 3
     python benchmarks/tiles.py --cells 1 9 36 144 576 --device cuda
     python benchmarks/tiles.py --cells --grid 12 --device cuda --iterations 3
 """
@@ -62,7 +64,8 @@ def load_data(data_dir: Path | None) -> tuple[Dataset, str]:
     return Dataset("random", samples, None, "image"), f"RANDOM images (10000, 1, 28, 28) - no MNIST: {reason}"
 
 
-def make_config(rows: int, cols: int, batches: int, device: str) -> ExperimentConfig:
+def make_config(rows: int, cols: int, batches: int, device: str, model: str = "mnist") -> ExperimentConfig:
+    ring = model == "ring"
     return ExperimentConfig.model_validate(
         {
             "name": "tiles",
@@ -77,8 +80,9 @@ def make_config(rows: int, cols: int, batches: int, device: str) -> ExperimentCo
                 "fitness": {"sample_size": 1000},
                 "mixture": {"score_samples": 1000},
             },
-            "data": {"name": "mnist", "split": "test"},
-            "network": {"name": "mlp", "latent_dim": 64, "hidden": 256},
+            "data": {"name": "gaussian_ring"} if ring else {"name": "mnist", "split": "test"},
+            # Lipizzaner's MNIST perceptron; the toys' (examples/ring-3x3.yaml): Tanh, hidden 128.
+            "network": {"name": "mlp", "latent_dim": 64, "hidden": 128 if ring else 256},
         }
     )
 
@@ -121,11 +125,12 @@ def lanes_of(cells: list[Cell]) -> list[Lane]:
 
 
 def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
-    print(f"\nsteps: {args.batches} batches of 100 per cell, MNIST perceptrons, {args.rounds} rounds (median)")
+    what = "the ring's perceptrons (hidden 128, Tanh)" if args.model == "ring" else "MNIST perceptrons (hidden 256)"
+    print(f"\nsteps: {args.batches} batches of 100 per cell, {what}, {args.rounds} rounds (median)")
     print(f"{'K':>5} {'tiled m·b/s':>12} {'alone m·b/s':>12} {'ratio':>7} {'tiled ms/batch':>15}")
     for k in args.cells:
         rows, cols = SHAPES.get(k, (1, k))
-        cells = make_cells(make_config(rows, cols, args.batches, args.device), dataset)
+        cells = make_cells(make_config(rows, cols, args.batches, args.device, args.model), dataset)
         lanes = lanes_of(cells)
         alone = lanes[: min(k, args.alone)]
         train_tile(lanes)  # warm-up: allocations, kernels
@@ -133,8 +138,10 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
             lane.training.run(lane.generators, lane.discriminators, 0)
         tiled_s, alone_s = [], []
         for _ in range(args.rounds):
-            tiled_s.append(clock.time(lambda: train_tile(lanes)))
-            one = clock.time(lambda: [lane.training.run(lane.generators, lane.discriminators, 0) for lane in alone])
+            tiled_s.append(clock.time(lambda lanes=lanes: train_tile(lanes)))
+            one = clock.time(
+                lambda alone=alone: [lane.training.run(lane.generators, lane.discriminators, 0) for lane in alone]
+            )
             alone_s.append(one * k / len(alone))
         tiled, by_one = statistics.median(tiled_s), statistics.median(alone_s)
         rate = k * args.batches
@@ -143,12 +150,11 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
             f"{1000 * tiled / args.batches:>15.2f}"
             + ("" if len(alone) == k else f"   (one by one: {len(alone)} cells, scaled)")
         )
-        del cells, lanes
 
 
 def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     side = args.grid
-    config = make_config(side, side, args.batches, args.device)
+    config = make_config(side, side, args.batches, args.device, args.model)
     cells = make_cells(config, dataset)
     tile = Tile(cells)
     phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
@@ -210,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", type=int, default=0, help="also run an R×R grid's whole iterations (0: no)")
     parser.add_argument("--iterations", type=int, default=3, help="--grid: timed iterations")
     parser.add_argument("--project", type=int, default=120_000, help="--grid: batches per cell to project to")
+    parser.add_argument("--model", choices=["mnist", "ring"], default="mnist", help="MNIST's perceptrons or the toys'")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="CPU: process time or wall time")
@@ -218,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    dataset, described = load_data(args.data_dir)
+    if args.model == "ring":
+        dataset = load_dataset(DataConfig(name="gaussian_ring"), 0)
+        described = f"gaussian_ring ({len(dataset)} points)"
+    else:
+        dataset, described = load_data(args.data_dir)
     clock = Clock(args.device, args.clock)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} torch thread(s)"
     print(f"device: {device}; clock: {'wall' if clock.read is time.perf_counter else 'process CPU time'}")

@@ -111,38 +111,16 @@ class _Draws:
     losses: list[str]
 
 
-class _Lockstep:
-    """Lanes with one batch size, stepped together."""
+class _Draw:
+    """Each lane's draws for one batch, from its own random streams in `Training.run`'s order."""
 
-    def __init__(self, lanes: list[Lane]) -> None:
-        self.lanes = lanes
+    def __init__(self, lanes: list[Lane], g: _Role, d: _Role, batches: list[int], steps: list[Steps]) -> None:
+        self.lanes, self.g, self.d, self.batches, self.steps = lanes, g, d, batches, steps
         self.config = lanes[0].training.config
-        self.batch = lanes[0].batch_size
-        self.g = _Role.of([lane.generators for lane in lanes])
-        self.d = _Role.of([lane.discriminators for lane in lanes])
-        self.scales = [decay_factor(self.config.decay, lane.iteration / self.config.iterations) for lane in lanes]
-        self.batches = [lane.training.batches_per_iteration() for lane in lanes]
-        self.steps = [Steps() for _ in lanes]
-        self.device = self.g.params[self.g.layout.names[0]].device
-        self.g_losses: list[tuple[Tensor, list[bool]]] = []
-        self.d_losses: list[tuple[Tensor, list[bool]]] = []
+        self.size = lanes[0].batch_size
 
-    def run(self) -> list[Steps]:
-        for step in range(max(self.batches)):
-            reals, labels, g_draws, d_draws = self._draw(step)
-            if any(g_draws.active):
-                self.g_losses.append((self._generator_step(g_draws), g_draws.active))
-            if any(d_draws.active):
-                self.d_losses.append((self._discriminator_step(d_draws, reals, labels), d_draws.active))
-        self.g.write_back(self.scales)
-        self.d.write_back(self.scales)
-        self._collect(self.g, self.g_losses, "generator")
-        self._collect(self.d, self.d_losses, "discriminator")
-        return self.steps
-
-    # ---- draws: each lane's streams, in Training.run's order --------------------------------
-
-    def _draw(self, step: int) -> tuple[list[Tensor | None], list[Tensor | None], _Draws, _Draws]:
+    def batch(self, step: int) -> tuple[list[Tensor | None], list[Tensor | None], _Draws, _Draws]:
+        """Every lane's real batch (None once it has done its batches) and both roles' draws."""
         config = self.config
         g, d = _empty(len(self.g.individuals)), _empty(len(self.d.individuals))
         reals: list[Tensor | None] = []
@@ -165,17 +143,17 @@ class _Lockstep:
                     g.active[member], g.losses[member] = True, loss_name
                     g.opponents[member] = self.d.first[index] + int(training.rng.integers(len(lane.discriminators)))
                     if labels is not None:
-                        g.labels[member] = training.data.sampled_labels(self.batch)
-                    g.noise[member] = training.noise(self.batch)
+                        g.labels[member] = training.data.sampled_labels(self.size)
+                    g.noise[member] = training.noise(self.size)
             if skip == 0 or step % (skip + 1) == 0:
                 for member in range(self.d.first[index], self.d.first[index] + len(lane.discriminators)):
                     self._mutate(self.d, member, training)
                     d.active[member], d.losses[member] = True, loss_name
                     d.opponents[member] = self.g.first[index] + int(training.rng.integers(len(lane.generators)))
-                    d.noise[member] = training.noise(self.batch)
+                    d.noise[member] = training.noise(self.size)
                     d.labels[member] = labels
                     if get_loss(loss_name).gp_weight:  # gradient_penalty's draw, on the same stream
-                        shape = (self.batch,) + (1,) * (real.dim() - 1)
+                        shape = (self.size,) + (1,) * (real.dim() - 1)
                         rng = training.torch_rng
                         d.eps[member] = torch.rand(shape, generator=rng, device=rng.device).to(real)
         return reals, real_labels, g, d
@@ -185,6 +163,37 @@ class _Lockstep:
         (role.rates[member],) = mutate_learning_rates(
             [role.rates[member]], self.config.learning_rate, mutation.probability, mutation.alpha, training.rng
         )
+
+
+class _Lockstep:
+    """Lanes with one batch size, stepped together."""
+
+    def __init__(self, lanes: list[Lane]) -> None:
+        self.lanes = lanes
+        self.config = lanes[0].training.config
+        self.batch = lanes[0].batch_size
+        self.g = _Role.of([lane.generators for lane in lanes])
+        self.d = _Role.of([lane.discriminators for lane in lanes])
+        self.scales = [decay_factor(self.config.decay, lane.iteration / self.config.iterations) for lane in lanes]
+        self.batches = [lane.training.batches_per_iteration() for lane in lanes]
+        self.steps = [Steps() for _ in lanes]
+        self.draws = _Draw(lanes, self.g, self.d, self.batches, self.steps)
+        self.device = self.g.params[self.g.layout.names[0]].device
+        self.g_losses: list[tuple[Tensor, list[bool]]] = []
+        self.d_losses: list[tuple[Tensor, list[bool]]] = []
+
+    def run(self) -> list[Steps]:
+        for step in range(max(self.batches)):
+            reals, labels, g_draws, d_draws = self.draws.batch(step)
+            if any(g_draws.active):
+                self.g_losses.append((self._generator_step(g_draws), g_draws.active))
+            if any(d_draws.active):
+                self.d_losses.append((self._discriminator_step(d_draws, reals, labels), d_draws.active))
+        self.g.write_back(self.scales)
+        self.d.write_back(self.scales)
+        self._collect(self.g, self.g_losses, "generator")
+        self._collect(self.d, self.d_losses, "discriminator")
+        return self.steps
 
     # ---- the stacked steps ---------------------------------------------------------------------
 
