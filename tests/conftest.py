@@ -1,24 +1,34 @@
-"""Shared helpers: tiny experiment configs and a way to run the real `palomino` command line.
+"""Shared helpers: tiny experiment configs, a way to run the real `palomino` command line, and the
+throwaway RabbitMQ and Redis of the integration tests (tests/servers.py).
 
 Nothing here imports torch, so tests of the torch-free layers stay torch-free.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from servers import ServerError, Servers
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Where the tests find RabbitMQ and Redis. A value from the shell never reaches a test: integration
+# tests get the throwaway servers' URLs (the `servers` fixture), the others none at all.
+SERVER_VARIABLES = ("PALOMINO_BROKER_URL", "PALOMINO_REDIS_URL")
+for _name in SERVER_VARIABLES:
+    os.environ.pop(_name, None)
 
 # Tiny networks on a shared 2-core machine: one intra-op thread is ~100× faster than OpenMP threads
 # spinning against other jobs. Set before torch is first imported (test modules import it later).
@@ -125,6 +135,20 @@ def wait_until(condition: Callable[[], bool], proc: subprocess.Popen | None = No
         time.sleep(0.02)
 
 
+async def wait_until_async(condition: Callable[[], bool | Awaitable[bool]], timeout: float = 30) -> None:
+    """wait_until for async tests: polls `condition` (plain or async) until it holds, else fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = condition()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for the condition")
+        await asyncio.sleep(0.02)
+
+
 def last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines, "no output on stdout"
@@ -136,16 +160,47 @@ def tiny_config() -> dict[str, Any]:
     return tiny()
 
 
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """This session's own RabbitMQ and Redis, started when the first integration test needs them."""
+    pair = Servers(tmp_path_factory.mktemp("servers"))
+    try:
+        pair.start()
+    except ServerError as error:
+        pytest.fail(str(error))
+    yield pair
+    pair.stop()
+
+
+@pytest.fixture(autouse=True)
+def _server_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integration tests (and the processes they start) see the throwaway servers' URLs."""
+    marked = request.node.get_closest_marker("integration") is not None
+    if "servers" in request.fixturenames and not marked:
+        pytest.fail("this test uses the servers: mark it @pytest.mark.integration")
+    if marked:
+        for name, value in request.getfixturevalue("servers").env.items():
+            monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def broker_url(servers: Servers) -> str:
+    return servers.broker_url
+
+
+@pytest.fixture
+def redis_url(servers: Servers) -> str:
+    return servers.redis_url
+
+
 async def raw_publish(
-    body: bytes | list[bytes],
-    key: str,
-    broker: str = "amqp://guest:guest@127.0.0.1:5672/",
-    exchange: str = "palomino.snapshots",
+    body: bytes | list[bytes], key: str, broker: str | None = None, exchange: str = "palomino.snapshots"
 ) -> None:
-    """Publish raw bytes (one body or several) on an exchange, as a confused or hostile client would."""
+    """Publish raw bytes (one body or several) on an exchange, as a confused or hostile client would.
+    The broker is the integration tests' own unless given."""
     import aio_pika
 
-    connection = await aio_pika.connect(os.environ.get("PALOMINO_BROKER_URL", broker))
+    connection = await aio_pika.connect(broker or os.environ["PALOMINO_BROKER_URL"])
     async with connection:
         channel = await connection.channel()
         target = channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)

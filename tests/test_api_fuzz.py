@@ -1,6 +1,6 @@
 """Schemathesis against the orchestrator's and the dashboard's APIs, each served by its real process
-(`palomino orchestrator` on this machine's RabbitMQ and Redis; `palomino dashboard` over a real
-run): generated requests, valid and not, never get a 5xx; with the token the responses are what
+(`palomino orchestrator` on the session's throwaway RabbitMQ and Redis; `palomino dashboard` over a
+real run): generated requests, valid and not, never get a 5xx; with the token the responses are what
 the schema documents; without it every guarded route answers 401."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import schemathesis
 from conftest import cli_command, cli_env, palomino, tiny, write_yaml
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import response_schema_conformance
+from servers import Servers
 
 from palomino.services.common.client import OrchestratorClient
 from palomino.services.local import free_port, stop_processes
@@ -51,9 +52,10 @@ def serve(folder: Path, name: str, args: list, env: dict[str, str], health: str)
 
 
 @pytest.fixture(scope="module")
-def orchestrator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def orchestrator_url(tmp_path_factory: pytest.TempPathFactory, servers: Servers) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("fuzz-orchestrator")
     env = {
+        **servers.env,  # set before the tests' own environment is (module scope)
         "PALOMINO_ORCHESTRATOR_TOKEN": TOKEN,
         "PALOMINO_NAMESPACE": f"fuzz-{secrets.token_hex(4)}",
         "PALOMINO_DATA_ROOTS": str(folder),
@@ -105,6 +107,7 @@ def fuzz(url: str, schema_path: str, open_paths: set[str], skip: set[str] = froz
     return checked
 
 
+@pytest.mark.integration
 def test_the_orchestrator_api_never_errs_and_matches_its_schema(orchestrator_url: str) -> None:
     checked = fuzz(orchestrator_url, "/openapi.json", {"/healthz", "/metrics"})
     assert "POST /experiments" in checked and "GET /experiments/{experiment_id}/metrics" in checked, checked

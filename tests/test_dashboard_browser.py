@@ -1,5 +1,6 @@
 """The page in headless Chromium (Debian's, driven by Playwright) against a running distributed 2×2
-experiment: a real orchestrator, four cell processes, RabbitMQ, Redis and `palomino dashboard`.
+experiment: a real orchestrator, four cell processes, RabbitMQ and Redis (the session's throwaway
+ones) and `palomino dashboard`.
 
 It sees four tiles, a tile's colour change as events arrive, a cell's charts and samples, a dead
 cell marked and the grid redrawn when it shrinks, and the ranked result at the end. A screenshot
@@ -20,11 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from servers import Servers
 
 from palomino.services.common.client import OrchestratorClient
 from palomino.services.local import free_port, stop_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
@@ -34,8 +36,6 @@ if not Path(CHROMIUM).exists():
     )
 
 from playwright.sync_api import sync_playwright  # noqa: E402  (after the skip: the browser is what it drives)
-
-BROKER = os.environ.get("PALOMINO_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
 
 def experiment_yaml() -> str:
@@ -56,26 +56,14 @@ def experiment_yaml() -> str:
 
 
 @pytest.fixture
-def broker():
-    """A RabbitMQ virtual host of our own where rabbitmqctl allows it: another stack's orchestrator on
-    this broker would otherwise share the control queue and take some of our workers' registrations."""
+def broker(servers: Servers):
+    """A virtual host of our own on the session's broker: another stack's orchestrator there would
+    otherwise share the control queue and take some of our workers' registrations."""
     name = f"palomino-dashboard-{uuid.uuid4().hex[:8]}"
-    ctl = shutil.which("rabbitmqctl")
-    made = (
-        ctl is not None
-        and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60, check=False).returncode == 0
-    )
-    if not made:
-        yield BROKER
-        return
-    subprocess.run(
-        [ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    yield BROKER.rstrip("/") + "/" + name
-    subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60, check=False)
+    servers.rabbitmq.ctl("-q", "add_vhost", name)
+    servers.rabbitmq.ctl("-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    yield servers.broker_url.rstrip("/") + "/" + name
+    servers.rabbitmq.ctl("-q", "delete_vhost", name, check=False)
 
 
 class Processes:

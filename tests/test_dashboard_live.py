@@ -1,5 +1,5 @@
-"""The dashboard's live stream (Server-Sent Events) fed by the machine's real RabbitMQ, by run directories
-being written, and by `palomino train --dashboard` — read off a real uvicorn server with httpx."""
+"""The dashboard's live stream (Server-Sent Events) fed by a real RabbitMQ (the session's own), by run
+directories being written, and by `palomino train --dashboard` — read off a real uvicorn server with httpx."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ from palomino.runs.directory import RunDirectory
 from palomino.services.dashboard import build_app, dashboard_settings
 from palomino.services.dashboard.server import ServerThread, listen
 from palomino.transport.control import EVENTS_EXCHANGE, ControlChannel
-
-BROKER = os.environ.get("PALOMINO_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
 
 def new_run(runs: Path, name: str = "live") -> RunDirectory:
@@ -86,23 +84,24 @@ async def opened(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
 
 
 @pytest.fixture
-def dashboard(tmp_path: Path):
+def dashboard(tmp_path: Path, broker_url: str):
     """A real dashboard server over tmp_path/runs, following the real broker."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    settings = dashboard_settings(runs=runs, broker=BROKER, dashboard_poll_seconds=0.2)
+    settings = dashboard_settings(runs=runs, broker=broker_url, dashboard_poll_seconds=0.2)
     with ServerThread(build_app(settings), listen("127.0.0.1", 0)) as server:
         yield server, runs
 
 
-async def test_events_published_to_rabbitmq_reach_the_stream(dashboard) -> None:
+@pytest.mark.integration
+async def test_events_published_to_rabbitmq_reach_the_stream(dashboard, broker_url: str) -> None:
     server, runs = dashboard
     run = new_run(runs)
     experiment = run.experiment
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         async with client.stream("GET", "/api/events", params={"experiment": experiment}) as response:
             stream = await opened(response)
-            connection = await aio_pika.connect(BROKER)
+            connection = await aio_pika.connect(broker_url)
             async with connection:
                 channel = await connection.channel()
                 exchange = await channel.get_exchange(EVENTS_EXCHANGE)
@@ -120,7 +119,7 @@ async def test_events_published_to_rabbitmq_reach_the_stream(dashboard) -> None:
                 ):
                     await exchange.publish(aio_pika.Message(body), routing_key=key)
             # …then what the orchestrator publishes, through the orchestrator's own publisher.
-            publisher = await ControlChannel(BROKER, f"cell.dashboard-test-{os.getpid()}").connect()
+            publisher = await ControlChannel(broker_url, f"cell.dashboard-test-{os.getpid()}").connect()
             try:
                 sent = [record((r, c), 0, 0.1 * (2 * r + c)) for r in range(2) for c in range(2)]
                 for one in sent:
@@ -138,6 +137,7 @@ async def test_events_published_to_rabbitmq_reach_the_stream(dashboard) -> None:
     assert broker["connected"] and broker["rejected"] >= 2
 
 
+@pytest.mark.integration
 async def test_run_directories_being_written_reach_the_stream(dashboard) -> None:
     server, runs = dashboard
     run = new_run(runs, "written")
@@ -161,12 +161,13 @@ async def test_run_directories_being_written_reach_the_stream(dashboard) -> None
     assert [r["iteration"] for r in page["records"]] == [0]
 
 
-async def test_the_list_stream_follows_every_experiment_without_metrics(dashboard) -> None:
+@pytest.mark.integration
+async def test_the_list_stream_follows_every_experiment_without_metrics(dashboard, broker_url: str) -> None:
     server, _runs = dashboard
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         async with client.stream("GET", "/api/events") as response:
             stream = await opened(response)
-            publisher = await ControlChannel(BROKER, f"cell.dashboard-list-{os.getpid()}").connect()
+            publisher = await ControlChannel(broker_url, f"cell.dashboard-list-{os.getpid()}").connect()
             try:
                 await publisher.event("exp-a-1", "metrics", {"record": record((0, 0), 0, 1.0)})
                 await publisher.event("exp-a-1", "state", {"state": "running"})

@@ -41,6 +41,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import REPO, cli_env
+from servers import Servers
 
 COMPOSE = REPO / "docker-compose.yml"
 CHART = REPO / "charts" / "palomino"
@@ -48,7 +49,7 @@ APPTAINER = REPO / "apptainer" / "palomino.def"
 SBATCH = REPO / "hpc" / "slurm" / "palomino.sbatch"
 KUBERNETES_VERSION = "1.30.0"  # validated against an older API than the newest: what clusters still run
 PALOMINO_SERVICES = {"orchestrator", "cell", "scorer", "dashboard", "submit"}
-INFRASTRUCTURE = {"rabbitmq": 5672, "redis": 6379}  # served by this machine's RabbitMQ and Redis
+INFRASTRUCTURE = {"rabbitmq": 5672, "redis": 6379}  # their containers' ports; the session's servers stand in
 
 
 def tool(name: str) -> str:
@@ -210,13 +211,19 @@ def reachable(port: int) -> bool:
 class LocalStack:
     """Runs compose services as local processes: this machine stands in for the containers' network."""
 
-    def __init__(self, services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    def __init__(self, services: dict[str, dict[str, Any]], tmp_path: Path, servers: Servers | None = None) -> None:
         self.services, self.tmp_path = services, tmp_path
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.ports: dict[str, dict[int, int]] = {}  # service → container port → local port
+        # RabbitMQ and Redis are the session's throwaway servers; without them, port 1: nothing listens there.
+        local = (
+            {"rabbitmq": servers.rabbitmq.port, "redis": servers.redis.port}
+            if servers
+            else dict.fromkeys(INFRASTRUCTURE, 1)
+        )
         for name, service in services.items():
             if name in INFRASTRUCTURE:
-                self.ports[name] = {INFRASTRUCTURE[name]: INFRASTRUCTURE[name]}
+                self.ports[name] = {INFRASTRUCTURE[name]: local[name]}
             else:
                 self.ports[name] = {container_port(p): free_port() for p in service.get("ports", [])}
         self.log_files: list[Any] = []
@@ -270,7 +277,7 @@ class LocalStack:
 
     def healthy(self, name: str) -> bool:
         if name in INFRASTRUCTURE:
-            return reachable(INFRASTRUCTURE[name])
+            return reachable(self.ports[name][INFRASTRUCTURE[name]])
         test = self.services[name]["healthcheck"]["test"]
         assert test[0] == "CMD", f"{name}: healthcheck {test}"
         return (
@@ -329,33 +336,22 @@ class LocalStack:
 
 
 @pytest.fixture
-def vhost():
-    """A RabbitMQ virtual host of our own, so other stacks on this broker never see our workers."""
+def vhost(servers: Servers):
+    """A RabbitMQ virtual host of our own on the session's broker, so other stacks there never see our workers."""
     name = f"palomino-deploy-{uuid.uuid4().hex[:8]}"
-    ctl = shutil.which("rabbitmqctl")
-    made = (
-        ctl is not None
-        and subprocess.run([ctl, "-q", "add_vhost", name], capture_output=True, timeout=60, check=False).returncode == 0
-    )
-    if not made:  # not allowed to manage the broker: share "/" as the other distributed tests do
-        yield ""
-        return
-    subprocess.run(
-        [ctl, "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    servers.rabbitmq.ctl("-q", "add_vhost", name)
+    servers.rabbitmq.ctl("-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*")
     yield name
-    subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True, timeout=60, check=False)
+    servers.rabbitmq.ctl("-q", "delete_vhost", name, check=False)
 
 
 @pytest.mark.slow
-def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost: str) -> None:
+@pytest.mark.integration
+def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost: str, servers: Servers) -> None:
     env = example_env() | {
         "RABBITMQ_USER": "guest",
         "RABBITMQ_PASSWORD": "guest",
-        "REDIS_PASSWORD": "",  # this machine's servers
+        "REDIS_PASSWORD": "",  # the session's servers
         "PALOMINO_ORCHESTRATOR_TOKEN": secrets.token_hex(16),
         "PALOMINO_MESSAGE_KEY": secrets.token_hex(16),
         "RABBITMQ_VHOST": vhost,
@@ -381,7 +377,7 @@ def test_compose_services_train_a_grid_as_local_processes(tmp_path: Path, vhost:
         ),
     }
     services = active(compose_config(tmp_path, env))
-    stack = LocalStack(services, tmp_path)
+    stack = LocalStack(services, tmp_path, servers)
     try:
         stack.up()
         submit = next(p for name, p in stack.processes if name == "submit")

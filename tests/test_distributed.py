@@ -1,5 +1,5 @@
-"""The distributed runtime end to end: real orchestrator and cell processes, the machine's real
-RabbitMQ and Redis, and workers killed with SIGKILL mid-run."""
+"""The distributed runtime end to end: real orchestrator and cell processes, real RabbitMQ and Redis
+(the session's throwaway ones, which some tests restart), and workers killed with SIGKILL mid-run."""
 
 from __future__ import annotations
 
@@ -15,14 +15,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from servers import Servers
 
 from palomino.services.common.client import OrchestratorClient
 from palomino.services.local import free_port, stop_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ITERATIONS = 60  # long enough that a kill after the first records lands mid-run
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def env(**changes: str) -> dict[str, str]:
+    """The environment of the processes a test starts: read when they start, after the servers' URLs are set."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **changes}
 
 
 def config(tmp_path: Path, checkpoint_every: int = 2, **distributed) -> str:
@@ -58,9 +63,11 @@ class Stack:
     def spawn(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.tmp_path / f"{name}.log", "wb")
         # A namespace of its own: other stacks on this broker (a concurrent run) never see its messages.
-        env = {**ENV, "PALOMINO_NAMESPACE": f"test-{self.port}"}
         process = subprocess.Popen(
-            [sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT, env=env
+            [sys.executable, "-m", "palomino", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env(PALOMINO_NAMESPACE=f"test-{self.port}"),
         )
         self.processes[name] = process
         return process
@@ -172,7 +179,7 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env(),
         timeout=300,
         check=False,
     )
@@ -200,7 +207,7 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     assert len(rule["thresholds"]) == 4 and all(math.isfinite(t) for t in rule["thresholds"])
     assert mixture["ensemble"]["filter"] == rule
     sampled = subprocess.run([sys.executable, "-m", "palomino", "sample", str(run_dir), "--n", "50", "--out", str(tmp_path / "s.npy")],
-                             capture_output=True, text=True, env=ENV, timeout=120, check=False)  # fmt: skip
+                             capture_output=True, text=True, env=env(), timeout=120, check=False)  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     periodic = {(key.split("@")[0], entry["iteration"]) for key, entry in scores.get("periodic", {}).items()}
     assert {(cell, i) for cell in scores["cells"] for i in (25, 50)} <= periodic, sorted(periodic)
@@ -303,7 +310,7 @@ def test_a_cell_with_a_bad_broker_url_exits_with_a_clear_message() -> None:
         [sys.executable, "-m", "palomino", "cell", "--broker", "amqp://guest:guest@127.0.0.1:1/"],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env(),
         timeout=60,
         check=False,
     )
@@ -312,58 +319,27 @@ def test_a_cell_with_a_bad_broker_url_exits_with_a_clear_message() -> None:
     assert "Traceback" not in result.stderr
 
 
-def _run(*command: str) -> None:
-    subprocess.run(command, check=True, capture_output=True, timeout=120)
-
-
-def _wait_port(port: int, timeout: float = 90) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert time.monotonic() < deadline, f"port {port} did not come back"
-        time.sleep(0.5)
-
-
-def test_the_run_survives_a_rabbitmq_restart(stack: Stack) -> None:
+def test_the_run_survives_a_rabbitmq_restart(stack: Stack, servers: Servers) -> None:
     stack.start(cells=4)
     experiment = stack.client.submit(config(stack.tmp_path))["id"]
     wait_for_records(stack, experiment, 8)
-    # The broker application restarts: every connection drops, non-durable queues go.
-    _run("rabbitmqctl", "stop_app")
-    time.sleep(2)
-    _run("rabbitmqctl", "start_app")
-    _wait_port(5672)
+    # The broker application restarts (the session's own node, same port): every connection drops,
+    # non-durable queues go.
+    servers.rabbitmq.restart_app()
     final = stack.client.wait(experiment, timeout=300)
     assert final["state"] == "finished", final
     check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
     assert final["failures"] == [], "nobody should have been declared dead"
 
 
-def test_the_run_survives_a_redis_restart(stack: Stack) -> None:
+def test_the_run_survives_a_redis_restart(stack: Stack, servers: Servers) -> None:
     stack.start(cells=4)
     experiment = stack.client.submit(config(stack.tmp_path))["id"]
     wait_for_records(stack, experiment, 8)
-    # Redis keeps nothing on disk here: every heartbeat key vanishes with the restart.
-    _run("redis-cli", "shutdown", "nosave")
+    # The session's Redis keeps nothing on disk: every heartbeat key vanishes with the restart.
+    servers.redis.stop()
     time.sleep(2)
-    _run(
-        "redis-server",
-        "--daemonize",
-        "yes",
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        "6379",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    )
-    _wait_port(6379)
+    servers.redis.start()
     final = stack.client.wait(experiment, timeout=300)
     assert final["state"] == "finished", final
     assert final["failures"] == [], "no worker may be declared dead because Redis restarted"
@@ -439,7 +415,7 @@ def test_a_partitioned_run_trains_one_sub_grid_per_class(tmp_path: Path) -> None
         [sys.executable, "-m", "palomino", "up", str(path), "--cells", "3", "--out", str(tmp_path / "runs")],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env(),
         timeout=300,
         check=False,
     )
@@ -509,7 +485,7 @@ def test_sigterm_while_the_broker_does_not_answer_stops_the_service(tmp_path: Pa
     url = f"amqp://guest:secret-pw@127.0.0.1:{listener.getsockname()[1]}/"
     log = open(tmp_path / "service.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "palomino", "-v", service], stdout=log, stderr=subprocess.STDOUT,
-                               env={**ENV, "PALOMINO_BROKER_URL": url})  # fmt: skip
+                               env=env(PALOMINO_BROKER_URL=url))  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while "connecting to RabbitMQ" not in (tmp_path / "service.log").read_text(

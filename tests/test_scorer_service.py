@@ -1,4 +1,4 @@
-"""The scorer service against this machine's RabbitMQ: jobs in, results out, dead letters, a kill mid-job."""
+"""The scorer service against a real RabbitMQ (the session's own): jobs in, results out, dead letters, a kill mid-job."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from palomino.services.local import stop_processes
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire.score import ScoreJob, ScoreResult
 
-BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 NAMESPACE = f"test-scorer-{uuid.uuid4().hex[:6]}"  # its own score queue: no other stack's scorer takes these jobs
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +49,14 @@ def job_of(run: Path, samples: int | None = None, payload: bytes | None = None) 
 class Results:
     """Follows `score` events of the test experiment on a private queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
         self.received: list[ScoreResult] = []
 
     async def __aenter__(self) -> Results:
-        self.queue = await ScoreQueue(BROKER, NAMESPACE).connect()
+        self.queue = await ScoreQueue(self.broker, NAMESPACE).connect()
         await self.queue._queue.purge()  # what an earlier test left
-        self.connection = await aio_pika.connect(BROKER)
+        self.connection = await aio_pika.connect(self.broker)
         self.name = f"palomino.test.scores.{uuid.uuid4().hex[:8]}"
 
         async def keep(result: ScoreResult) -> None:
@@ -91,8 +91,10 @@ def stop(process: subprocess.Popen) -> None:
     stop_processes([process])
 
 
-async def test_a_job_is_scored_and_bad_jobs_do_not_stop_the_scorer(finished_run: Path, tmp_path: Path) -> None:
-    async with Results() as results:
+async def test_a_job_is_scored_and_bad_jobs_do_not_stop_the_scorer(
+    finished_run: Path, tmp_path: Path, broker_url: str
+) -> None:
+    async with Results(broker_url) as results:
         scorer = start_scorer("scorer-a", tmp_path / "a.log")
         try:
             # Garbage: dead-lettered (never a result); a mixture that does not load: a result with the error.
@@ -114,8 +116,10 @@ async def test_a_job_is_scored_and_bad_jobs_do_not_stop_the_scorer(finished_run:
     assert "dead-lettering a score job" in log and "cannot be scored" in log
 
 
-async def test_a_job_is_redone_by_another_scorer_after_a_kill(finished_run: Path, tmp_path: Path) -> None:
-    async with Results() as results:
+async def test_a_job_is_redone_by_another_scorer_after_a_kill(
+    finished_run: Path, tmp_path: Path, broker_url: str
+) -> None:
+    async with Results(broker_url) as results:
         first = start_scorer("scorer-first", tmp_path / "first.log")
         second = None
         try:

@@ -1,8 +1,9 @@
-"""The orchestrator's API as an attacker meets it (issue 13): the real app, its lifespan on this
-machine's RabbitMQ and Redis, a namespace of its own."""
+"""The orchestrator's API as an attacker meets it (issue 13): the real app, its lifespan on a real
+RabbitMQ and Redis (the session's own), a namespace of its own."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import yaml
 from conftest import palomino, tiny
 from fastapi.testclient import TestClient
+from servers import Servers
 
 from palomino.services.common.settings import ServiceSettings
 from palomino.services.orchestrator.api import MAX_CONFIG_BYTES, create_app
@@ -19,7 +21,7 @@ TOKEN = secrets.token_hex(16)
 
 
 @pytest.fixture
-def orchestrator(tmp_path: Path):
+def orchestrator(tmp_path: Path, servers: Servers):  # its lifespan connects to them (URLs from the environment)
     roots = tmp_path / "datasets"
     (roots / "mine").mkdir(parents=True)
     settings = ServiceSettings(namespace=f"sec-{secrets.token_hex(4)}", orchestrator_token=TOKEN, data_roots=str(roots))
@@ -35,6 +37,7 @@ def body(**changes) -> bytes:
     return yaml.safe_dump(tiny(**changes)).encode()
 
 
+@pytest.mark.integration
 def test_the_api_needs_the_token_except_health_and_metrics(orchestrator: TestClient) -> None:
     for method, path in (("POST", "/experiments"), ("GET", "/experiments"), ("GET", "/experiments/x"), ("DELETE", "/experiments/x"),
                          ("GET", "/experiments/x/metrics"), ("GET", "/experiments/x/samples/real.png")):  # fmt: skip
@@ -51,6 +54,7 @@ def test_the_api_needs_the_token_except_health_and_metrics(orchestrator: TestCli
     assert orchestrator.get(f"/experiments/{created.json()['id']}", headers=auth()).json()["state"] == "waiting"
 
 
+@pytest.mark.integration
 def test_data_outside_the_roots_is_refused_alike_whether_it_exists_or_not(
     orchestrator: TestClient, tmp_path: Path
 ) -> None:
@@ -80,6 +84,7 @@ def test_data_outside_the_roots_is_refused_alike_whether_it_exists_or_not(
     assert inside.status_code == 201, inside.text
 
 
+@pytest.mark.integration
 def test_oversized_and_alias_bomb_bodies_are_refused_and_health_still_answers(orchestrator: TestClient) -> None:
     big = b"name: x\n" + b"#" * (MAX_CONFIG_BYTES + 1)
     started = time.monotonic()
@@ -94,6 +99,7 @@ def test_oversized_and_alias_bomb_bodies_are_refused_and_health_still_answers(or
     assert time.monotonic() - started < 60  # generous: the point is that it returns at all
 
 
+@pytest.mark.integration
 def test_a_stalled_consumer_fails_healthz(orchestrator: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     import palomino.services.orchestrator.api as api
 
@@ -120,6 +126,7 @@ def test_placeholder_and_short_tokens_are_refused(tmp_path: Path, token: str, mo
     assert done.returncode == 2 and "PALOMINO_ORCHESTRATOR_TOKEN" in done.stderr and token not in done.stderr
 
 
+@pytest.mark.integration
 def test_submissions_are_capped_per_client_and_ended_experiments_leave_after_their_retention(tmp_path: Path) -> None:
     # 1,000 submissions in 7.5 s were all kept, forever.
     settings = ServiceSettings(
@@ -141,12 +148,14 @@ def test_submissions_are_capped_per_client_and_ended_experiments_leave_after_the
         assert client.get(f"/experiments/{second}", headers=auth()).json()["state"] == "waiting"
 
 
+@pytest.mark.integration
 def test_metrics_exposes_the_orchestrators_counters_as_counters(orchestrator: TestClient) -> None:
     text = orchestrator.get("/metrics").text
     assert "# TYPE palomino_orchestrator_total counter" in text
     assert 'palomino_orchestrator_total{name="untrusted_messages"} 0.0' in text
 
 
+@pytest.mark.integration
 def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> None:
     import subprocess
 
@@ -177,6 +186,7 @@ def test_delete_stops_an_experiment_from_the_command_line(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_every_exchange(tmp_path: Path) -> None:
     # Issue 13's end-to-end: the whole stack as `palomino up` starts it, attacked while it trains.
     import asyncio
@@ -255,7 +265,7 @@ async def signed_publish(body: bytes, times: int, key: str, exchange: str, signe
     """`body` signed with the stack's message key, as an insider (or a bug) would send it."""
     import aio_pika
 
-    connection = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
+    connection = await aio_pika.connect(os.environ["PALOMINO_BROKER_URL"])
     async with connection:
         channel = await connection.channel()
         target = channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)
@@ -270,6 +280,7 @@ def nested_json_body(levels: int = 5000) -> bytes:
     return LENGTH.pack(len(head)) + head
 
 
+@pytest.mark.integration
 def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(
     orchestrator: TestClient, tmp_path: Path
 ) -> None:

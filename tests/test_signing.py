@@ -1,24 +1,22 @@
-"""Signed messages (palomino/transport/signing.py) against this machine's RabbitMQ: with a message
-key, a stack's services take only what a holder of that key sent to that address."""
+"""Signed messages (palomino/transport/signing.py) against a real RabbitMQ (the session's own): with a
+message key, a stack's services take only what a holder of that key sent to that address."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import secrets
 
 import aio_pika
 import pytest
+from conftest import wait_until_async
 
 from palomino.errors import SnapshotError
 from palomino.grid import Coord
 from palomino.transport.control import CONTROL_EXCHANGE, ControlChannel, cell_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
 from palomino.transport.signing import HEADER, MessageKey
-from palomino.wire import encode_snapshot
+from palomino.wire import decode_snapshot, encode_snapshot
 from palomino.wire.control import Stop, encode_control
 
-BROKER = os.environ.get("PALOMINO_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
 KEY = MessageKey(secrets.token_hex(16))
 
 
@@ -36,22 +34,16 @@ def test_a_signature_binds_the_key_the_body_and_the_address() -> None:
         KEY.check("cell.w1", b"body", {})
 
 
-async def publish(exchange_name: str, key: str, body: bytes, headers: dict | None = None) -> None:
-    connection = await aio_pika.connect(BROKER)
+async def publish(broker: str, exchange_name: str, key: str, body: bytes, headers: dict | None = None) -> None:
+    connection = await aio_pika.connect(broker)
     async with connection:
         channel = await connection.channel()
         exchange = await channel.get_exchange(exchange_name)
         await exchange.publish(aio_pika.Message(body, headers=headers), routing_key=key)
 
 
-async def until(condition, seconds: float = 10) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-
-
-async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken() -> None:
+@pytest.mark.integration
+async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken(broker_url: str) -> None:
     # A holder of the broker's password could stop any cell's training with one Stop.
     worker = f"test-{secrets.token_hex(4)}"
     address = cell_address(worker)
@@ -60,18 +52,18 @@ async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken() -> None:
     async def handler(message, payload: bytes) -> None:
         got.append(message.experiment)
 
-    cell = await ControlChannel(BROKER, address, key=KEY).connect()
-    sender = await ControlChannel(BROKER, f"cell.sender-{worker}", key=KEY).connect()
+    cell = await ControlChannel(broker_url, address, key=KEY).connect()
+    sender = await ControlChannel(broker_url, f"cell.sender-{worker}", key=KEY).connect()
     try:
         await cell.listen(handler)
         body = encode_control(Stop(experiment="forged"))
-        await publish(CONTROL_EXCHANGE, address, body)  # unsigned
-        await publish(CONTROL_EXCHANGE, address, body, {HEADER: "0" * 64})  # a made-up signature
+        await publish(broker_url, CONTROL_EXCHANGE, address, body)  # unsigned
+        await publish(broker_url, CONTROL_EXCHANGE, address, body, {HEADER: "0" * 64})  # a made-up signature
         await publish(
-            CONTROL_EXCHANGE, address, body, KEY.sign("cell.someone-else", body)
+            broker_url, CONTROL_EXCHANGE, address, body, KEY.sign("cell.someone-else", body)
         )  # signed for another address
         await sender.send(address, Stop(experiment="real"))
-        await until(lambda: got and cell.rejected == 3)
+        await wait_until_async(lambda: got and cell.rejected == 3)
         assert got == ["real"] and cell.rejected == 3
     finally:
         await cell.close()
@@ -88,46 +80,57 @@ def _snapshot(experiment: str, iteration: int):
     return Snapshot(header, {"generator.net.w": torch.zeros(4) + iteration})
 
 
-async def test_an_unsigned_snapshot_is_rejected_where_snapshots_are_signed() -> None:
+@pytest.mark.integration
+async def test_an_unsigned_snapshot_is_rejected_where_snapshots_are_signed(broker_url: str) -> None:
     experiment = f"test-{secrets.token_hex(4)}"
     async with (
-        RabbitSnapshotBus(BROKER, experiment, key=KEY) as receiver,
-        RabbitSnapshotBus(BROKER, experiment, key=KEY) as sender,
+        RabbitSnapshotBus(broker_url, experiment, key=KEY) as receiver,
+        RabbitSnapshotBus(broker_url, experiment, key=KEY) as sender,
     ):
         await receiver.bind([Coord(0, 1)], epoch=0)
         key = routing_key(experiment, Coord(0, 1))
-        await publish("palomino.snapshots", key, encode_snapshot(_snapshot(experiment, 5)))  # unsigned, newer
+        unsigned = encode_snapshot(_snapshot(experiment, 5))  # and newer
+        await publish(broker_url, "palomino.snapshots", key, unsigned)
         await sender.publish(_snapshot(experiment, 1))
         got = await receiver.wait(Coord(0, 1), 1, timeout=10)
-        await until(lambda: receiver.rejected == 1)
+        await wait_until_async(lambda: receiver.rejected == 1)
         assert got.iteration == 1 and receiver.rejected == 1
         assert (await receiver.newest(Coord(0, 1))).iteration == 1
 
 
-async def test_the_newest_published_snapshot_counts_only_when_signed() -> None:
+@pytest.mark.integration
+async def test_the_newest_published_snapshot_counts_only_when_signed(broker_url: str) -> None:
     # The orchestrator hands it to a spare: a forged one must not be restored.
     from palomino.transport.rabbitmq import forget_published, newest_published
 
     experiment = f"test-{secrets.token_hex(4)}"
-    async with RabbitSnapshotBus(BROKER, experiment, key=KEY) as sender:
+    async with RabbitSnapshotBus(broker_url, experiment, key=KEY) as sender:
+
+        async def newest(key: MessageKey | None = KEY) -> int | None:
+            body = await newest_published(sender._channel, experiment, Coord(0, 1), key)
+            return None if body is None else decode_snapshot(body).header.iteration
+
         await sender.publish(_snapshot(experiment, 1))
-        await asyncio.sleep(0.3)
-        assert await newest_published(sender._channel, experiment, Coord(0, 1), KEY) is not None
-        await publish(
-            "palomino.snapshots", routing_key(experiment, Coord(0, 1)), encode_snapshot(_snapshot(experiment, 2))
-        )
-        await asyncio.sleep(0.3)
-        assert await newest_published(sender._channel, experiment, Coord(0, 1), KEY) is None
-        assert await newest_published(sender._channel, experiment, Coord(0, 1)) is not None  # no key: not checked
+        await wait_until_async(newest)
+        assert await newest() == 1
+        forged = encode_snapshot(_snapshot(experiment, 2))
+        await publish(broker_url, "palomino.snapshots", routing_key(experiment, Coord(0, 1)), forged)
+
+        async def forged_is_newest() -> bool:  # no key: not checked
+            return await newest(None) == 2
+
+        await wait_until_async(forged_is_newest)
+        assert await newest() is None
         await forget_published(sender._channel, experiment, Coord(0, 1))
 
 
-async def test_a_forged_score_result_is_rejected() -> None:
+@pytest.mark.integration
+async def test_a_forged_score_result_is_rejected(broker_url: str) -> None:
     from palomino.transport.score_queue import ScoreQueue, result_key
     from palomino.wire.score import ScoreResult
 
     namespace = f"t{secrets.token_hex(4)}"
-    queue = await ScoreQueue(BROKER, namespace, key=KEY).connect()
+    queue = await ScoreQueue(broker_url, namespace, key=KEY).connect()
     name = f"palomino.test.signed-results.{namespace}"
     got: list[str] = []
 
@@ -137,9 +140,9 @@ async def test_a_forged_score_result_is_rejected() -> None:
     try:
         await queue.follow_results(name, keep)
         forged = ScoreResult(job="forged", experiment="x", target="best", ensemble={"weights": [1.0]})
-        await publish("palomino.events", result_key("x", namespace), forged.model_dump_json().encode())
+        await publish(broker_url, "palomino.events", result_key("x", namespace), forged.model_dump_json().encode())
         await queue.publish_result(ScoreResult(job="real", experiment="x", target="best"))
-        await until(lambda: got and queue.rejected == 1)
+        await wait_until_async(lambda: got and queue.rejected == 1)
         assert got == ["real"] and queue.rejected == 1
     finally:
         await queue._channel.queue_delete(name)

@@ -1,24 +1,19 @@
-"""The RabbitMQ SnapshotBus and Redis Liveness adapters against this machine's real broker and Redis."""
+"""The RabbitMQ SnapshotBus and Redis Liveness adapters against a real broker and Redis (the session's own)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import secrets
 import struct
 
 import pytest
 import torch
-from conftest import raw_publish
+from conftest import raw_publish, wait_until_async
 
 from palomino.errors import TransportError
 from palomino.grid import Coord
 from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
 from palomino.transport.redis_liveness import RedisLiveness
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader, encode_snapshot
-
-BROKER = os.environ.get("PALOMINO_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
-REDIS = os.environ.get("PALOMINO_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def snapshot(experiment: str, cell: tuple[int, int], iteration: int, size: int = 4) -> Snapshot:
@@ -32,8 +27,12 @@ def experiment() -> str:
     return f"test-{secrets.token_hex(4)}"
 
 
-async def test_a_published_snapshot_reaches_the_neighbour_that_binds_it(experiment: str) -> None:
-    async with RabbitSnapshotBus(BROKER, experiment) as sender, RabbitSnapshotBus(BROKER, experiment) as receiver:
+@pytest.mark.integration
+async def test_a_published_snapshot_reaches_the_neighbour_that_binds_it(experiment: str, broker_url: str) -> None:
+    async with (
+        RabbitSnapshotBus(broker_url, experiment) as sender,
+        RabbitSnapshotBus(broker_url, experiment) as receiver,
+    ):
         await receiver.bind([Coord(0, 1)], epoch=0)
         await sender.publish(snapshot(experiment, (0, 1), 3))
         got = await receiver.wait(Coord(0, 1), 3, timeout=10)
@@ -42,8 +41,9 @@ async def test_a_published_snapshot_reaches_the_neighbour_that_binds_it(experime
         assert await receiver.newest(Coord(1, 1)) is None
 
 
-async def test_bad_messages_are_dead_lettered_and_training_goes_on(experiment: str) -> None:
-    async with RabbitSnapshotBus(BROKER, experiment, max_bytes=4096) as receiver:
+@pytest.mark.integration
+async def test_bad_messages_are_dead_lettered_and_training_goes_on(experiment: str, broker_url: str) -> None:
+    async with RabbitSnapshotBus(broker_url, experiment, max_bytes=4096) as receiver:
         await receiver.bind([Coord(0, 1)], epoch=0)
         key = routing_key(experiment, Coord(0, 1))
         good = encode_snapshot(snapshot(experiment, (0, 1), 1))
@@ -58,14 +58,15 @@ async def test_bad_messages_are_dead_lettered_and_training_goes_on(experiment: s
         assert receiver.rejected == 5
 
 
-async def test_a_validator_rejects_snapshots_that_do_not_fit(experiment: str) -> None:
+@pytest.mark.integration
+async def test_a_validator_rejects_snapshots_that_do_not_fit(experiment: str, broker_url: str) -> None:
     def fits(s: Snapshot) -> None:
         if s.tensors["generator.net.w"].shape != (4,):
             raise ValueError("generator.net.w: wrong shape")
 
     async with (
-        RabbitSnapshotBus(BROKER, experiment, validator=fits) as receiver,
-        RabbitSnapshotBus(BROKER, experiment) as sender,
+        RabbitSnapshotBus(broker_url, experiment, validator=fits) as receiver,
+        RabbitSnapshotBus(broker_url, experiment) as sender,
     ):
         await receiver.bind([Coord(1, 0)], epoch=0)
         await sender.publish(snapshot(experiment, (1, 0), 1, size=5))
@@ -74,14 +75,18 @@ async def test_a_validator_rejects_snapshots_that_do_not_fit(experiment: str) ->
         assert receiver.rejected == 1
 
 
-async def test_rebinding_follows_the_new_neighbours_only(experiment: str) -> None:
-    async with RabbitSnapshotBus(BROKER, experiment) as sender, RabbitSnapshotBus(BROKER, experiment) as receiver:
+@pytest.mark.integration
+async def test_rebinding_follows_the_new_neighbours_only(experiment: str, broker_url: str) -> None:
+    async with (
+        RabbitSnapshotBus(broker_url, experiment) as sender,
+        RabbitSnapshotBus(broker_url, experiment) as receiver,
+    ):
         await receiver.bind([Coord(0, 1)], epoch=0)
         await receiver.bind([Coord(1, 1)], epoch=1)
         await sender.publish(snapshot(experiment, (0, 1), 5))
         await sender.publish(snapshot(experiment, (1, 1), 6))
+        # 5 went out before 6 on one channel: had it been routed here, it would have come first.
         assert (await receiver.wait(Coord(1, 1), 6, timeout=10)).iteration == 6
-        await asyncio.sleep(0.2)
         assert await receiver.newest(Coord(0, 1)) is None
 
 
@@ -90,14 +95,18 @@ async def test_a_bad_broker_url_is_a_clear_error() -> None:
         await RabbitSnapshotBus("amqp://guest:secret@127.0.0.1:1/", "x").connect()
 
 
-async def test_liveness_keys_expire_unless_refreshed() -> None:
-    liveness = RedisLiveness(REDIS, prefix=f"palomino:test:{secrets.token_hex(4)}:")
+@pytest.mark.integration
+async def test_liveness_keys_expire_unless_refreshed(redis_url: str) -> None:
+    liveness = RedisLiveness(redis_url, prefix=f"palomino:test:{secrets.token_hex(4)}:")
     try:
         await liveness.heartbeat("a", ttl=0.4)
         await liveness.heartbeat("b", ttl=5)
         assert await liveness.alive() == {"a", "b"}
-        await asyncio.sleep(0.6)
-        assert await liveness.alive() == {"b"}
+
+        async def only_b() -> bool:
+            return await liveness.alive() == {"b"}
+
+        await wait_until_async(only_b, timeout=5)  # well inside b's TTL
     finally:
         await liveness.close()
 
@@ -118,7 +127,8 @@ def nested_body(levels: int = 5000) -> bytes:
     return LENGTH.pack(len(head)) + head
 
 
-async def test_nested_json_on_the_control_queue_is_rejected_and_the_consumer_goes_on() -> None:
+@pytest.mark.integration
+async def test_nested_json_on_the_control_queue_is_rejected_and_the_consumer_goes_on(broker_url: str) -> None:
     # 200 such bodies used to leave 32 unacknowledged (the prefetch window) and stop the queue for good.
     from palomino.transport.control import CONTROL_EXCHANGE, ControlChannel, orchestrator_address
     from palomino.wire.control import Register
@@ -129,15 +139,12 @@ async def test_nested_json_on_the_control_queue_is_rejected_and_the_consumer_goe
     async def handler(message: object, payload: bytes) -> None:
         got.append(message)
 
-    channel = await ControlChannel(BROKER, address).connect()
+    channel = await ControlChannel(broker_url, address).connect()
     try:
         await channel.listen(handler)
         await raw_publish([nested_body()] * 200, address, exchange=CONTROL_EXCHANGE)
         await channel.send(address, Register(worker="w-after", host="h", pid=1))
-        for _ in range(200):
-            if got:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: got and channel.rejected == 200)
         assert [m.worker for m in got] == ["w-after"] and channel.rejected == 200
         assert channel.in_flight.stalled_for() == 0.0
     finally:
@@ -145,8 +152,9 @@ async def test_nested_json_on_the_control_queue_is_rejected_and_the_consumer_goe
         await channel.close()
 
 
-async def test_nested_json_on_the_snapshot_exchange_is_rejected(experiment: str) -> None:
-    async with RabbitSnapshotBus(BROKER, experiment) as receiver:
+@pytest.mark.integration
+async def test_nested_json_on_the_snapshot_exchange_is_rejected(experiment: str, broker_url: str) -> None:
+    async with RabbitSnapshotBus(broker_url, experiment) as receiver:
         await receiver.bind([Coord(0, 1)], epoch=0)
         key = routing_key(experiment, Coord(0, 1))
         await raw_publish([nested_body()] * 50 + [encode_snapshot(snapshot(experiment, (0, 1), 1))], key)
@@ -154,12 +162,13 @@ async def test_nested_json_on_the_snapshot_exchange_is_rejected(experiment: str)
         assert got.iteration == 1 and receiver.rejected == 50
 
 
-async def test_the_orchestrators_queue_is_capped_and_the_oldest_go_to_the_dead_letters() -> None:
+@pytest.mark.integration
+async def test_the_orchestrators_queue_is_capped_and_the_oldest_go_to_the_dead_letters(broker_url: str) -> None:
     from palomino.transport.control import ControlChannel, orchestrator_address
     from palomino.wire.control import Register
 
     address = orchestrator_address(f"test-{secrets.token_hex(4)}")
-    channel = await ControlChannel(BROKER, address, cap=(5, 1024**2)).connect()
+    channel = await ControlChannel(broker_url, address, cap=(5, 1024**2)).connect()
     got: list[str] = []
 
     async def handler(message, payload: bytes) -> None:
@@ -169,18 +178,18 @@ async def test_the_orchestrators_queue_is_capped_and_the_oldest_go_to_the_dead_l
         for i in range(10):  # nobody consumes yet: an orchestrator that is down
             await channel.send(address, Register(worker=f"w{i}", host="h", pid=i))
         await channel.listen(handler)
-        for _ in range(100):
-            if len(got) >= 5:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
-        assert got == [f"w{i}" for i in range(5, 10)]  # bounded: the newest five waited
+        await wait_until_async(lambda: len(got) >= 5)
+        # Bounded: the newest five waited (uncapped, the first five to come would be w0 to w4).
+        assert got == [f"w{i}" for i in range(5, 10)]
     finally:
         await channel.channel.queue_delete(f"palomino.{address}")
         await channel.close()
 
 
-async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.integration
+async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(
+    caplog: pytest.LogCaptureFixture, broker_url: str
+) -> None:
     import aio_pika
 
     from palomino.transport.control import ControlChannel, orchestrator_address
@@ -188,7 +197,7 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(cap
     from palomino.wire.control import Register
 
     address = orchestrator_address(f"test-{secrets.token_hex(4)}")
-    connection = await aio_pika.connect(BROKER)
+    connection = await aio_pika.connect(broker_url)
     async with connection:
         old = await connection.channel()
         await old.declare_queue(
@@ -199,27 +208,25 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(cap
     async def handler(message, payload: bytes) -> None:
         got.append(message.worker)
 
-    channel = await ControlChannel(BROKER, address).connect()
+    channel = await ControlChannel(broker_url, address).connect()
     try:
         await channel.listen(handler)
         await channel.send(address, Register(worker="still-works", host="h", pid=1))
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: got)
         assert got == ["still-works"] and "exists with other arguments" in caplog.text
     finally:
         await channel.channel.queue_delete(f"palomino.{address}")
         await channel.close()
 
 
-async def test_score_results_stay_in_their_namespace() -> None:
+@pytest.mark.integration
+async def test_score_results_stay_in_their_namespace(broker_url: str) -> None:
     # The results queue bound exp.#.score: every stack's orchestrator got every other stack's scores.
     from palomino.transport.score_queue import ScoreQueue
     from palomino.wire.score import ScoreResult
 
     tag = secrets.token_hex(4)
-    queues = {ns: await ScoreQueue(BROKER, ns).connect() for ns in (f"a{tag}", f"b{tag}", "")}
+    queues = {ns: await ScoreQueue(broker_url, ns).connect() for ns in (f"a{tag}", f"b{tag}", "")}
     got: dict[str, list[str]] = {ns: [] for ns in queues}
     names = {ns: f"palomino.test.results.{ns or 'plain'}{tag}" for ns in queues}
     try:
@@ -229,16 +236,15 @@ async def test_score_results_stay_in_their_namespace() -> None:
                 got[ns].append(result.job)
 
             await queue.follow_results(names[ns], keep)
-        for ns, queue in queues.items():  # an experiment id with dots, and the same id in each stack
-            await queue.publish_result(
-                ScoreResult(job=f"job-{ns or 'plain'}", experiment=f"x.score.{tag}", target="best")
-            )
-        for _ in range(100):
-            if all(got.values()):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
-        assert got == {ns: [f"job-{ns or 'plain'}"] for ns in queues}
+        # Publishes are confirmed, so each was in every queue it was routed to before the next round
+        # went out: once a queue has its "end" result, anything that leaked into it has come too.
+        for job in ("job", "end"):
+            for ns, queue in queues.items():  # an experiment id with dots, and the same id in each stack
+                await queue.publish_result(
+                    ScoreResult(job=f"{job}-{ns or 'plain'}", experiment=f"x.score.{tag}", target="best")
+                )
+        await wait_until_async(lambda: all(f"end-{ns or 'plain'}" in got[ns] for ns in queues))
+        assert got == {ns: [f"job-{ns or 'plain'}", f"end-{ns or 'plain'}"] for ns in queues}
     finally:
         for ns, queue in queues.items():
             await queue._channel.queue_delete(names[ns])
