@@ -15,6 +15,8 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/palomino train examples/quickstart.yaml
 
+# What the tests drive (RabbitMQ's and Redis's programs, chromium, ...): installed, never started;
+# the integration tests start throwaway servers of their own.
 services:
 	bash scripts/ensure-services.sh
 
