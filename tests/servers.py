@@ -245,15 +245,15 @@ class Servers:
                 print(f"stopping {server.name}: {error}", file=sys.stderr)
 
 
-if __name__ == "__main__":  # python tests/servers.py [folder]: a pair until Ctrl-C
+if __name__ == "__main__":  # python tests/servers.py [folder]: a pair until Ctrl-C or SIGTERM
     import tempfile
 
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also where a background job ignores SIGINT
+        signal.signal(sig, lambda *_: sys.exit(0))
     with tempfile.TemporaryDirectory(prefix="palomino-servers-") as tmp:
         servers = Servers(Path(sys.argv[1] if len(sys.argv) > 1 else tmp)).start()
         print(" ".join(f"{k}={v}" for k, v in servers.env.items()), flush=True)
         try:
             signal.pause()
-        except KeyboardInterrupt:
-            pass
         finally:
             servers.stop()
