@@ -13,8 +13,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 
+from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import (
     DEAD_EXCHANGE,
     InFlight,
@@ -22,7 +29,6 @@ from palomino.transport.rabbitmq import (
     connect,
     declare_dead_letters,
     declare_durable,
-    describe_rejection,
     publish_with_retry,
 )
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
@@ -61,9 +67,18 @@ class ControlChannel:
         key: MessageKey | None = None,
     ) -> None:
         self.url, self.address, self.publish_timeout, self.cap, self.key = url, address, publish_timeout, cap, key
-        self.rejected = 0
         self.in_flight = InFlight()
-        self._connection = None
+        self._guard = Guard(log)
+        self._connection: AbstractRobustConnection | None = None
+        self.channel: AbstractChannel
+        self._exchange: AbstractExchange
+        self._events: AbstractExchange
+        self._queue: AbstractQueue
+
+    @property
+    def rejected(self) -> int:
+        """Bodies dead-lettered as malformed so far."""
+        return self._guard.rejected
 
     async def connect(self) -> ControlChannel:
         self._connection = await connect(self.url)
@@ -92,27 +107,21 @@ class ControlChannel:
     async def listen(self, handler: Handler) -> None:
         """Deliver every valid message to `handler`; ack after it returns (so a crash redelivers)."""
 
+        def decode(message: AbstractIncomingMessage) -> tuple[ControlMessage, bytes]:
+            check_signature(self.key, message)
+            return decode_control(message.body, max_bytes=CONTROL_MAX_BYTES)
+
+        async def handle(decoded: tuple[ControlMessage, bytes]) -> None:
+            await handler(*decoded)
+
         async def on_message(message: AbstractIncomingMessage) -> None:
             with self.in_flight:
-                try:
-                    check_signature(self.key, message)
-                    decoded, payload = decode_control(message.body, max_bytes=CONTROL_MAX_BYTES)
-                except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError): reject it
-                    self.rejected += 1
-                    log.warning("dead-lettering a control message to %s: %s", self.address, describe_rejection(error))
-                    await message.reject(requeue=False)
-                    return
-                try:
-                    await handler(decoded, payload)
-                except Exception:  # a handler bug must not kill the consumer: log, dead-letter, go on
-                    log.exception("handling %s failed; dead-lettering it", decoded.kind)
-                    await message.reject(requeue=False)
-                    return
-                await message.ack()
+                what = f"a control message to {self.address}"
+                await self._guard(message, what, decode, handle, label=lambda decoded: decoded[0].kind)
 
         await self._queue.consume(on_message)
 
-    async def send(self, to: str, message: Any, payload: bytes = b"") -> None:
+    async def send(self, to: str, message: ControlMessage, payload: bytes = b"") -> None:
         body = encode_control(message, payload)
         # Persistent: what waits in the orchestrator's durable queue survives a broker restart.
         envelope = aio_pika.Message(

@@ -17,11 +17,18 @@ import time
 from collections.abc import Callable, Iterable
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
 
 from palomino.errors import SnapshotError, TransportError
 from palomino.grid import Coord
+from palomino.transport.guard import Guard, describe_rejection
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.transport.store import SnapshotStore
 from palomino.transport.urls import redact
@@ -49,7 +56,9 @@ LAST_VALUE_REFRESH = 60.0  # seconds; publishes do not count as use for x-expire
 # brings the queue back after a broker restart)
 
 
-async def declare_last_value(channel: AbstractChannel, exchange: AbstractExchange, experiment: str, coord: Coord):
+async def declare_last_value(
+    channel: AbstractChannel, exchange: AbstractExchange, experiment: str, coord: Coord
+) -> AbstractQueue:
     # robust=False: re-declared every LAST_VALUE_REFRESH, it must not pile up in the channel's restore list.
     queue = await channel.declare_queue(
         last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS, robust=False
@@ -101,13 +110,6 @@ class InFlight:
         return time.monotonic() - self._started[0] if self._started else 0.0
 
 
-def describe_rejection(error: BaseException) -> str:
-    """A rejected body's reason for the log: the decoder's own message, else the exception's type."""
-    if isinstance(error, SnapshotError):
-        return str(error)
-    return f"the decoder raised {type(error).__name__}: {str(error)[:200]}"
-
-
 async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
     """A robust connection, or a TransportError that names the (redacted) URL and the cause."""
     log.debug("connecting to RabbitMQ at %s", redact(url))
@@ -136,7 +138,9 @@ def capped(max_length: int, max_bytes: int, overflow: str = "drop-head") -> dict
     }
 
 
-async def declare_durable(connection: AbstractRobustConnection, channel: AbstractChannel, name: str, arguments: dict):
+async def declare_durable(
+    connection: AbstractRobustConnection, channel: AbstractChannel, name: str, arguments: dict[str, object]
+) -> AbstractQueue:
     """A durable queue with `arguments`; one that an older Palomino declared with other arguments is
     used as it is (RabbitMQ never changes a queue's arguments), with a warning that says how to cap it."""
     probe = await connection.channel()
@@ -195,8 +199,16 @@ class RabbitSnapshotBus:
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
         self._last_value: dict[Coord, float] = {}  # coordinate → when its last-value queue was declared
-        self.rejected = 0  # bodies dead-lettered so far (for tests and metrics)
+        self._guard = Guard(log)
         self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel
+        self._exchange: AbstractExchange
+        self._queue: AbstractQueue
+
+    @property
+    def rejected(self) -> int:
+        """Bodies dead-lettered so far (for tests and metrics)."""
+        return self._guard.rejected
 
     async def connect(self) -> RabbitSnapshotBus:
         self._connection = await connect(self.url)
@@ -255,30 +267,25 @@ class RabbitSnapshotBus:
         return await self._store.wait(coord, iteration, timeout)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        await self._guard(message, "a message on {key}", self._decode, self._keep)
+
+    def _decode(self, message: AbstractIncomingMessage) -> Snapshot:
+        check_signature(self.key, message)
         try:
-            check_signature(self.key, message)
+            snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
+        except SnapshotError:
+            raise
+        except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError)
+            raise SnapshotError(describe_rejection(error)) from None
+        if snapshot.header.experiment != self.experiment:
+            raise SnapshotError(f"snapshot of experiment {snapshot.header.experiment!r}, expected {self.experiment!r}")
+        if self.validator is not None and Coord(*snapshot.header.cell) in self._bound:
             try:
-                snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
-            except SnapshotError:
-                raise
-            except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError)
-                raise SnapshotError(describe_rejection(error)) from None
-            if snapshot.header.experiment != self.experiment:
-                raise SnapshotError(
-                    f"snapshot of experiment {snapshot.header.experiment!r}, expected {self.experiment!r}"
-                )
-            if Coord(*snapshot.header.cell) not in self._bound:
-                await message.ack()  # from a binding just removed: stale, not malformed
-                return
-            if self.validator is not None:
-                try:
-                    self.validator(snapshot)
-                except ValueError as error:
-                    raise SnapshotError(f"snapshot does not fit this cell: {error}") from None
-        except SnapshotError as error:
-            self.rejected += 1
-            log.warning("dead-lettering a message on %s: %s", message.routing_key, error)
-            await message.reject(requeue=False)
-            return
-        await self._store.put(snapshot)
-        await message.ack()
+                self.validator(snapshot)
+            except ValueError as error:
+                raise SnapshotError(f"snapshot does not fit this cell: {error}") from None
+        return snapshot
+
+    async def _keep(self, snapshot: Snapshot) -> None:
+        if Coord(*snapshot.header.cell) in self._bound:  # else from a binding just removed: stale, not malformed
+            await self._store.put(snapshot)

@@ -13,16 +13,22 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 
 from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
+from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import (
     InFlight,
     capped,
     connect,
     declare_dead_letters,
     declare_durable,
-    describe_rejection,
     publish_with_retry,
 )
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
@@ -53,6 +59,14 @@ def result_key(experiment: str, namespace: str = "") -> str:
     return f"exp.{experiment}.score" + (f".ns-{namespace}" if namespace else "")
 
 
+def _job_label(decoded: tuple[ScoreJob, bytes]) -> str:
+    return f"score job {decoded[0].job}"
+
+
+def _result_label(result: ScoreResult) -> str:
+    return f"score result {result.job}"
+
+
 class ScoreQueue:
     def __init__(
         self,
@@ -66,10 +80,19 @@ class ScoreQueue:
         self.url, self.publish_timeout, self.max_bytes, self.key = url, publish_timeout, max_bytes, key
         self.namespace = namespace
         self.name = score_queue_name(namespace)
-        self._expiry: dict = {"x-expires": NAMESPACED_EXPIRY_MS} if namespace else {}
-        self.rejected = 0
+        self._expiry: dict[str, object] = {"x-expires": NAMESPACED_EXPIRY_MS} if namespace else {}
         self.in_flight = InFlight()  # results being stored (a scorer's own jobs run for minutes)
-        self._connection = None
+        self._guard = Guard(log)
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel
+        self._queue: AbstractQueue
+        self._default: AbstractExchange
+        self._events: AbstractExchange
+
+    @property
+    def rejected(self) -> int:
+        """Jobs and results dead-lettered as malformed so far."""
+        return self._guard.rejected
 
     async def connect(self) -> ScoreQueue:
         self._connection = await connect(self.url)
@@ -108,29 +131,24 @@ class ScoreQueue:
     async def consume(self, handler: JobHandler) -> None:
         """Run `handler` on each valid job, publish what it returns, then ack."""
 
+        def decode(message: AbstractIncomingMessage) -> tuple[ScoreJob, bytes]:
+            check_signature(self.key, message)
+            return decode_job(message.body, max_bytes=self.max_bytes)
+
         async def on_message(message: AbstractIncomingMessage) -> None:
-            try:
-                check_signature(self.key, message)
-                job, payload = decode_job(message.body, max_bytes=self.max_bytes)
-            except Exception as error:  # noqa: BLE001 — whatever the body does: reject it, go on
-                self.rejected += 1
-                log.warning("dead-lettering a score job: %s", describe_rejection(error))
-                await message.reject(requeue=False)
-                return
-            try:
-                result = await handler(job, payload)
-            except Exception:  # a bug in scoring must not kill the consumer or loop on the job
-                log.exception("scoring job %s crashed; dead-lettering it", job.job)
-                await message.reject(requeue=False)
-                return
-            try:
-                await self.publish_result(result)
-                await message.ack()
-            except Exception as error:  # noqa: BLE001 — never leave it unacked: with prefetch 1 this scorer would starve
-                log.warning("result of job %s not published (%s); the job goes back to the queue", job.job, error)
-                # The channel may be gone too: then RabbitMQ requeues the job itself.
-                with contextlib.suppress(Exception):
-                    await message.nack(requeue=True)
+            async def score(decoded: tuple[ScoreJob, bytes]) -> None:
+                job, payload = decoded
+                result = await handler(job, payload)  # raises: a bug in scoring, dead-lettered (never looped on)
+                try:
+                    await self.publish_result(result)
+                    await message.ack()
+                except Exception as error:  # noqa: BLE001 — never leave it unacked: with prefetch 1 this scorer would starve
+                    log.warning("result of job %s not published (%s); the job goes back to the queue", job.job, error)
+                    # The channel may be gone too: then RabbitMQ requeues the job itself.
+                    with contextlib.suppress(Exception):
+                        await message.nack(requeue=True)
+
+            await self._guard(message, "a score job", decode, score, label=_job_label, ack=False)
 
         await self._queue.consume(on_message)
 
@@ -141,25 +159,12 @@ class ScoreQueue:
         )
         await queue.bind(self._events, routing_key=result_key(experiments, self.namespace))
 
+        def decode(message: AbstractIncomingMessage) -> ScoreResult:
+            check_signature(self.key, message)
+            return decode_result(message.body)
+
         async def on_message(message: AbstractIncomingMessage) -> None:
             with self.in_flight:
-                await on_result(message)
-
-        async def on_result(message: AbstractIncomingMessage) -> None:
-            try:
-                check_signature(self.key, message)
-                result = decode_result(message.body)
-            except Exception as error:  # noqa: BLE001 — whatever the body does: reject it, go on
-                self.rejected += 1
-                log.warning("dead-lettering a score result: %s", describe_rejection(error))
-                await message.reject(requeue=False)
-                return
-            try:
-                await handler(result)
-            except Exception:
-                log.exception("storing score result %s failed; dead-lettering it", result.job)
-                await message.reject(requeue=False)
-                return
-            await message.ack()
+                await self._guard(message, "a score result", decode, handler, label=_result_label)
 
         await queue.consume(on_message, no_ack=False)

@@ -20,7 +20,8 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from palomino.services.common.runfiles import RunsFolder
 from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event, valid_record
 from palomino.transport.control import EVENTS_EXCHANGE
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, describe_rejection, redact
+from palomino.transport.guard import Guard
+from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, redact
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class BrokerFeed:
     def __init__(self, url: str, hub: EventHub, *, backlog: int = 10_000) -> None:
         self.url, self.hub, self.backlog = url, hub, backlog
         self.received = 0
-        self.rejected = 0
+        self._guard = Guard(log, shown=(MalformedEvent,))
         self._connection: AbstractRobustConnection | None = None
 
     async def start(self) -> None:
@@ -54,21 +55,20 @@ class BrokerFeed:
         await queue.consume(self._on_message)
         log.info("dashboard: following %s on %s", EVENTS_EXCHANGE, redact(self.url))
 
+    @property
+    def rejected(self) -> int:
+        return self._guard.rejected
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        try:
-            event = parse_event(message.body, message.routing_key)
-        except Exception as error:  # noqa: BLE001 — MalformedEvent, or whatever else a body makes the parser raise
-            self.rejected += 1
-            log.warning(
-                "dead-lettering an event (key %r): %s",
-                message.routing_key,
-                error if isinstance(error, MalformedEvent) else describe_rejection(error),
-            )
-            await message.reject(requeue=False)
-            return
+        await self._guard(message, "an event (key {key})", self._parse, self._show)
+
+    @staticmethod
+    def _parse(message: AbstractIncomingMessage) -> dict[str, Any]:
+        return parse_event(message.body, message.routing_key)
+
+    async def _show(self, event: dict[str, Any]) -> None:
         self.received += 1
         self.hub.publish(event)
-        await message.ack()
 
     @property
     def connected(self) -> bool:
