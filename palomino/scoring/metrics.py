@@ -2,7 +2,8 @@
 
 The four metrics see each generated batch through views of one `SharedPass`, so the extractor runs
 once per batch however many metrics are asked for. The real side is not fed image by image: the
-cached real features are loaded into FID's and KID's real state (`reset_real_features=False`).
+cached real features go through FID's and KID's public `update(..., real=True)` once, their feature
+module passing them through as they are (`Cached`), and stay (`reset_real_features=False`).
 """
 
 from __future__ import annotations
@@ -59,23 +60,45 @@ class _View(nn.Module):
         return self.shared(images)[self.index]
 
 
+class Cached(nn.Module):
+    """A metric's feature module: `view`, except while `load` feeds it features already extracted
+    (the cached real ones), which pass through as they are. So the real state is filled by the
+    metric's own update, never written into its internals."""
+
+    def __init__(self, view: nn.Module) -> None:
+        super().__init__()
+        self.view = view
+        self.passing = False
+        if hasattr(view, "num_features"):
+            self.num_features = view.num_features
+
+    def forward(self, images: Tensor) -> Tensor:
+        return images if self.passing else self.view(images)
+
+    def load(self, metric: FrechetInceptionDistance | KernelInceptionDistance, features: Tensor) -> None:
+        """`features` into `metric`'s real side, as update(real=True) would have them from their images."""
+        self.passing = True
+        try:
+            metric.update(features.to(metric.device), real=True)
+        finally:
+            self.passing = False
+
+
 def fid_metric(view: nn.Module, real: RealStatistics) -> FrechetInceptionDistance:
-    metric = FrechetInceptionDistance(feature=view, reset_real_features=False)
-    features = real.features.double().to(metric.real_features_sum.device)
-    # The states FID.update would have accumulated from the real images, from their cached features.
-    metric.real_features_sum = features.sum(dim=0)
-    metric.real_features_cov_sum = features.T @ features
-    metric.real_features_num_samples = torch.tensor(len(features), dtype=torch.long)
+    feature = Cached(view)
+    metric = FrechetInceptionDistance(feature=feature, reset_real_features=False)
+    feature.load(metric, real.features)
     return metric
 
 
 def kid_metric(view: nn.Module, real: RealStatistics, samples: int, subsets: int = 100) -> KernelInceptionDistance:
+    feature = Cached(view)
     with warnings.catch_warnings():  # "will save all extracted features in buffer": that is the point
         warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
         metric = KernelInceptionDistance(
-            feature=view, subsets=subsets, subset_size=min(KID_SUBSET, samples, real.n), reset_real_features=False
+            feature=feature, subsets=subsets, subset_size=min(KID_SUBSET, samples, real.n), reset_real_features=False
         )
-    metric.real_features = [real.features.clone()]
+    feature.load(metric, real.features.clone())  # KID keeps the tensor itself
     return metric
 
 
