@@ -94,7 +94,7 @@ class CellData:
 
     def random(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """n samples drawn with replacement (fitness and mixture scores), with their labels."""
-        index = torch.from_numpy(self.rng.integers(0, len(self.samples), size=n)).to(self.device)
+        index = torch.from_numpy(self.rng.integers(0, len(self.samples), size=n)).to(self.device, non_blocking=True)
         return self._take(index)
 
     def _take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -104,7 +104,9 @@ class CellData:
         """Labels for generated samples, drawn from the class priors (the labels of random samples)."""
         if self.labels is None:
             return None
-        return self.labels[torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)).to(self.device)]
+        return self.labels[
+            torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)).to(self.device, non_blocking=True)
+        ]
 
     def picture_labels(self, n: int) -> torch.Tensor:
         """Labels for a picture of n samples: each class in turn, in equal blocks."""

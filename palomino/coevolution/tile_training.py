@@ -88,7 +88,7 @@ class _Role:
         detached = {k: v.detach() for k, v in self.params.items()}
         if index == list(range(len(self.individuals))):
             return detached  # each member's opponent is its lane's only one (population 1): no copy
-        return gather(detached, torch.tensor(index, device=self.params[self.layout.names[0]].device))
+        return gather(detached, _index(index, self.params[self.layout.names[0]].device))
 
     def write_back(self, scales: list[float]) -> None:
         unstack(self.params, [ind.network for ind in self.individuals])
@@ -179,6 +179,7 @@ class _Lockstep:
         self.steps = [Steps() for _ in lanes]
         self.draws = _Draw(lanes, self.g, self.d, self.batches, self.steps)
         self.device = self.g.params[self.g.layout.names[0]].device
+        self.d_lanes = _index(self.d.lane_of, self.device)
         self.g_losses: list[tuple[Tensor, list[bool]]] = []
         self.d_losses: list[tuple[Tensor, list[bool]]] = []
 
@@ -211,7 +212,7 @@ class _Lockstep:
     ) -> Tensor:
         z = _stacked(draws.noise)
         labels = _stacked_labels(draws.labels)
-        real = _stacked(reals)[_index(self.d.lane_of, self.device)]  # each member's lane's batch
+        real = _stacked(reals)[self.d_lanes]  # each member's lane's batch
         with torch.no_grad():
             fake = self.g.layout.forward(self.g.frozen(draws.opponents), z, labels)
         real_logits = self.d.layout.forward(self.d.params, real, labels)
@@ -239,11 +240,11 @@ class _Lockstep:
 
     def _update(self, role: _Role, values: Tensor, draws: _Draws) -> None:
         everyone = all(draws.active)
-        active = None if everyone else torch.tensor(draws.active, device=self.device)
+        active = None if everyone else _on(self.device, draws.active, torch.bool)
         total = values.sum() if everyone else (values * active).sum()
         grads = torch.autograd.grad(total, list(role.params.values()))
         rates = [rate * self.scales[lane] for rate, lane in zip(role.rates, role.lane_of)]
-        role.adam.step(dict(zip(role.params, grads)), torch.tensor(rates, dtype=torch.float64), active)
+        role.adam.step(dict(zip(role.params, grads)), _on(self.device, rates, torch.float64), active)
         for member, on in enumerate(draws.active):
             if on:
                 role.last_loss[member] = draws.losses[member]
@@ -262,8 +263,14 @@ def _empty(members: int) -> _Draws:
     )
 
 
+def _on(device: torch.device, values: list, dtype: torch.dtype) -> Tensor:
+    """Host values on the device without waiting for it: on a GPU a blocking copy per step would
+    make the host wait for every queued kernel instead of running ahead."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 def _index(values: list[int], device: torch.device) -> Tensor:
-    return torch.tensor(values, dtype=torch.long, device=device)
+    return _on(device, values, torch.long)
 
 
 def _stacked(parts: list[Tensor | None]) -> Tensor:
