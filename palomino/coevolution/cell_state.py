@@ -1,8 +1,12 @@
-"""A cell as others see it (its snapshot) and as it resumes (its checkpoint state)."""
+"""A cell as others see it (its snapshot) and as it resumes (its checkpoint state).
+
+What these read and write of a cell is `CellParts` (palomino.coevolution.cell.Cell has them):
+this module needs no Cell, and cell.py imports it without a circle.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -11,10 +15,29 @@ from palomino.coevolution.networks import tensors_on
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
 
 if TYPE_CHECKING:
-    from palomino.coevolution.cell import Cell
+    from palomino.coevolution.cell_data import CellData
+    from palomino.coevolution.individual import Population
+    from palomino.grid import ClassGrid, Coord, Topology
 
 
-def snapshot(cell: Cell) -> Snapshot:
+class CellParts(Protocol):
+    """What a cell's snapshot and checkpoint are made of."""
+
+    experiment: str
+    coord: Coord
+    topology: Topology | ClassGrid
+    device: torch.device
+    iteration: int  # iterations completed
+    generators: Population
+    discriminators: Population
+    mixture_weights: dict[str, float]
+    score: float
+    data: CellData
+    rng: np.random.Generator
+    torch_rng: torch.Generator
+
+
+def snapshot(cell: CellParts) -> Snapshot:
     """The centre individuals as neighbours see them: iteration = last completed (−1 before any)."""
     g, d = cell.generators.best, cell.discriminators.best
     header = SnapshotHeader(
@@ -30,7 +53,7 @@ def snapshot(cell: Cell) -> Snapshot:
     return Snapshot(header, {**g.tensors("generator"), **d.tensors("discriminator")})
 
 
-def state(cell: Cell) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def state(cell: CellParts) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Everything needed to resume the cell: tensors for safetensors, metadata for JSON."""
     tensors, data_meta = cell.data.state()
     tensors["rng.torch"] = cell.torch_rng.get_state()
@@ -57,7 +80,7 @@ def state(cell: Cell) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
-def restore(cell: Cell, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+def restore(cell: CellParts, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """Inverse of `state`; raises ValueError if the checkpoint does not fit the cell."""
     for role, population in (("generator", cell.generators), ("discriminator", cell.discriminators)):
         for index, ind in enumerate(population):
@@ -74,7 +97,7 @@ def restore(cell: Cell, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     cell.score = float("nan") if meta["score"] is None else float(meta["score"])
 
 
-def adopt(cell: Cell, published: Snapshot) -> None:
+def adopt(cell: CellParts, published: Snapshot) -> None:
     """Take over the individuals a (dead) cell last published at this coordinate, and its progress.
 
     Newer than its checkpoint but partial: every individual of a population becomes a copy of
