@@ -136,3 +136,61 @@ print(Image.open(Path(sys.argv[1]) / "result" / "samples.png").size)
     assert done.stdout.strip() == "(68, 30)"  # two 30×30 tiles, 8 px apart, on white
     # …and its image installs Pillow for it.
     assert "pillow>=10" in (REPO / "services" / "orchestrator" / "requirements.txt").read_text().splitlines()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """palomino's modules (services/ as palomino.services) → the palomino modules each imports.
+
+    Every import counts: at the top, inside a function (deferred) and under `if TYPE_CHECKING:`
+    (annotations only). Those keep the interpreter from tripping over a circle, not the modules
+    from depending on each other, and a circle hidden that way is still one to untie. Importing
+    a.b.c runs a/ and a/b/'s __init__ too: an edge to each, except to the importer's own packages
+    (already being imported: a package importing its submodules is no circle)."""
+    files = {}
+    for root in ("palomino", "services"):
+        for path in (REPO / root).rglob("*.py"):
+            parts = module_of(path.with_suffix("")).split(".")
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from .x / from ..x: relative to the importer's package
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                named.update(
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base for alias in node.names
+                )
+        edges = set()
+        for name in named:
+            parts = name.split(".")
+            for k in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:k])
+                if k == len(parts) or not (module == prefix or module.startswith(prefix + ".")):
+                    edges.add(prefix)
+        graph[module] = {e for e in edges if e in files and e != module}
+    return graph
+
+
+def test_palominos_modules_import_each_other_in_no_circle() -> None:
+    graph = import_graph()
+    assert {"palomino.runs.result", "palomino.services.scorer.service"} <= set(graph)  # what it walks
+    assert "palomino.runs.mixture" in graph["palomino.runs.finish"]
+    state: dict[str, str] = {}  # module → "open" (on the path walked now) or "done"
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            assert state.get(target) != "open", "import circle: " + " → ".join([*path[path.index(target) :], target])
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])

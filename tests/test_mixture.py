@@ -180,3 +180,43 @@ def test_evolve_is_reproducible_from_its_rng() -> None:
     one = evolve_weights(start.copy(), score, 0.1, 30, np.random.default_rng(10))
     two = evolve_weights(start.copy(), score, 0.1, 30, np.random.default_rng(10))
     assert np.array_equal(one[0], two[0]) and one[1] == two[1]
+
+
+# --- the grid's ensemble of images: on the features its caller passes in ------------------------
+
+
+class Brightness(torch.nn.Module):
+    """A generator of 1×4×4 images all of one grey level (z is ignored but for its batch size)."""
+
+    def __init__(self, level: float) -> None:
+        super().__init__()
+        self.level = torch.nn.Parameter(torch.tensor(level))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.level + 0.05 * z[:, :16].reshape(-1, 1, 4, 4)
+
+
+def test_the_grid_ensemble_of_images_is_scored_on_the_features_passed_in_else_on_pixels() -> None:
+    from conftest import tiny
+
+    from palomino.config import parse_config
+    from palomino.data import Dataset
+    from palomino.runs.ensemble import grid_ensemble
+    from palomino.scoring.extractors import ensemble_features
+
+    config = parse_config(tiny(network={"latent_dim": 16}, training={"ensemble": {"es_steps": 20}}))
+    samples = (0.5 + 0.05 * torch.randn(2000, 1, 4, 4, generator=torch.Generator().manual_seed(0))).float()
+    images = Dataset("greys", samples, None, "image")
+    generators, cells = [Brightness(0.5), Brightness(-0.5)], ["0-0", "0-1"]
+    seen = []
+
+    def features(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape)
+        return x.flatten(1)[:, :3]
+
+    grid = grid_ensemble(generators, cells, images, config, features=features)
+    assert grid.score_name == "fid (classifier features)" and seen
+    assert grid.ensemble.weights[0] > 0.9  # the one of the data's brightness
+    assert grid_ensemble(generators, cells, images, config).score_name == "mmd2"
+    # None configured (no scoring.classifier, no $PALOMINO_CLASSIFIER), or points: nothing to pass in.
+    assert ensemble_features(config, "points") is None

@@ -22,9 +22,11 @@ from palomino.data import Dataset
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
+from palomino.runs.ensemble import Features
+from palomino.runs.finish import cell_result, ensemble_result
 from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings, run_cell
-from palomino.runs.result import cell_result, ensemble_result, write_class_result, write_result
+from palomino.runs.result import write_class_result, write_result
 from palomino.runs.tile_loop import run_tile
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
@@ -114,7 +116,10 @@ async def train_embedded(
     stop: asyncio.Event | None = None,
     on_metrics: Callable[[dict], None] | None = None,
     on_restored: Callable[[int], None] | None = None,
+    ensemble_features: Features | None = None,
 ) -> TrainOutcome:
+    """Train `config`'s grid in this process into `run`. `ensemble_features`: what the grid's
+    ensemble of an image run is scored on (palomino.scoring.extractors.ensemble_features; None: pixels)."""
     stop = stop or asyncio.Event()
     if config.scoring.every:
         log.warning(
@@ -141,7 +146,7 @@ async def train_embedded(
     await _run_cells(cells, bus, recorder, config, stop, tiled)
     if any(cell.iteration < config.training.iterations for cell in cells):
         return TrainOutcome(finished=False)
-    return await _write_results(cells, bus, config, run, dataset)
+    return await _write_results(cells, bus, config, run, dataset, ensemble_features)
 
 
 async def _run_cells(
@@ -187,7 +192,12 @@ async def _run_cells(
 
 
 async def _write_results(
-    cells: list[Cell], bus: InMemorySnapshotBus, config: ExperimentConfig, run: RunDirectory, dataset: Dataset
+    cells: list[Cell],
+    bus: InMemorySnapshotBus,
+    config: ExperimentConfig,
+    run: RunDirectory,
+    dataset: Dataset,
+    features: Features | None,
 ) -> TrainOutcome:
     """The finished grid's result: each cell's mixture, then the best (or each class's) and the ensemble."""
     snapshots = {c.coord: await bus.newest(c.coord) for c in cells}
@@ -198,6 +208,6 @@ async def _write_results(
         return TrainOutcome(finished=True, classes=classes)
     ensemble = None
     if config.grid_ensemble:
-        ensemble = await asyncio.to_thread(ensemble_result, cells, dataset, run.experiment)
+        ensemble = await asyncio.to_thread(ensemble_result, cells, dataset, run.experiment, features)
     best = write_result(run, results, ensemble)
     return TrainOutcome(finished=True, best_cell=best.cell, best_score=best.score)

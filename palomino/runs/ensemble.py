@@ -1,17 +1,16 @@
 """The whole-grid ensemble of a finished run: every cell's generator, weights optimised on real data.
 
 Where the score comes from: 2-D points, a kernel MMD² with fine bandwidths; images, FID on the
-classifier's features when one is configured (`scoring.classifier` or $PALOMINO_CLASSIFIER),
-else MMD² on pixels. The real samples are split in two: one half selects, the other (with other
+`features` the caller passes in (the configured classifier's: palomino.scoring.extractors.
+ensemble_features; this package never imports palomino.scoring, which imports it), else MMD² on pixels. The real samples are split in two: one half selects, the other (with other
 generated samples) gives the held-out score written to mixture.json.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REAL_SAMPLES = 4000  # split in two: selection and held out
+Features = Callable[[torch.Tensor], torch.Tensor]  # generated images (generator space) → feature vectors
 
 
 @dataclass
@@ -83,11 +83,6 @@ def samples_per_component(components: int, kind: str) -> int:
     return max(50, budget // components)
 
 
-def _classifier(config: ExperimentConfig) -> Path | None:
-    path = config.scoring.classifier or os.environ.get("PALOMINO_CLASSIFIER")
-    return Path(path) if path else None
-
-
 @torch.no_grad()
 def grid_ensemble(
     generators: list[nn.Module],
@@ -96,6 +91,8 @@ def grid_ensemble(
     config: ExperimentConfig,
     device: str | torch.device = "cpu",
     critics: list[nn.Module] | None = None,
+    *,
+    features: Features | None = None,
 ) -> GridEnsemble:
     """Optimise a mixture over `generators` (one per cell, named by `cells`) against `dataset`.
 
@@ -103,7 +100,9 @@ def grid_ensemble(
     training.ensemble.critic_quantile > 0, every component is sampled through them
     (palomino.coevolution.rejection) and the weights are optimised for what passes. Rule "mean":
     all critics together, calibrated on the selection half of the real samples; rule "own": each
-    component through its own cell's critic, calibrated on that cell's own data (its region)."""
+    component through its own cell's critic, calibrated on that cell's own data (its region).
+
+    `features`: for images, what FID is computed on (None: MMD² on pixels)."""
     settings = config.training.ensemble
     rng = np.random.Generator(np.random.PCG64([config.seed, 7]))
     torch_rng = torch.Generator(device=device).manual_seed(config.seed + 7)
@@ -136,7 +135,7 @@ def grid_ensemble(
         return out
 
     fakes_select, fakes_held = draw(), draw()
-    select, held, name = _scores(fakes_select, fakes_held, real_select, real_held, dataset.kind, config, device)
+    select, held, name = _scores(fakes_select, fakes_held, real_select, real_held, dataset.kind, features)
     ensemble = optimise_ensemble(select, held, rng, sigma=settings.sigma, es_steps=settings.es_steps)
     return GridEnsemble(ensemble, cells, generators, name, filters, quantile if filters else None, settings.critic)
 
@@ -172,20 +171,11 @@ def _scores(
     real_select: torch.Tensor,
     real_held: torch.Tensor,
     kind: str,
-    config: ExperimentConfig,
-    device: str | torch.device,
+    features: Features | None,
 ) -> tuple[WeightScore, WeightScore, str]:
     """The score the weights are chosen on and the held-out one they are reported on, and its name:
-    FID on the classifier's features for images when one is configured, else MMD²."""
-    classifier = _classifier(config) if kind == "image" else None
-    if classifier is not None:
-        from palomino.scoring.extractors import ClassifierExtractor
-
-        extractor = ClassifierExtractor(classifier, str(device))
-
-        def features(x: torch.Tensor) -> torch.Tensor:
-            return extractor.extract(((x + 1) / 2).clamp(0, 1))[0]  # generator space → [0, 1] images
-
+    FID on `features` for images when given (the classifier's), else MMD²."""
+    if kind == "image" and features is not None:
         select = FrechetScore.from_features([features(f) for f in fakes_select], features(real_select))
         held = FrechetScore.from_features([features(f) for f in fakes_held], features(real_held))
         return select, held, "fid (classifier features)"

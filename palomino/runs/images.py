@@ -71,10 +71,13 @@ def picture_of(samples: torch.Tensor, kind: str, reference: torch.Tensor | None 
     return image_grid(samples) if kind == "image" else scatter(samples, reference)
 
 
+def to_data_space(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Generator output → data space: images from [−1, 1] to [0, 1]; points unchanged."""
+    return ((x + 1) / 2).clamp(0, 1) if kind == "image" else x
+
+
 def progress_png(samples: torch.Tensor, kind: str, reference: torch.Tensor | None = None) -> bytes:
     """A generator's raw output (generator space) → the PNG of it that a run directory keeps."""
-    from palomino.runs.mixture import to_data_space
-
     return png_bytes(picture_of(to_data_space(samples, kind), kind, reference))
 
 

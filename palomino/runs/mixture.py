@@ -23,6 +23,7 @@ from palomino.errors import PalominoError
 from palomino.nn import apply, build_discriminator, build_generator
 from palomino.runs.checkpoints import encode_tensors
 from palomino.runs.filter_rule import FilterRule
+from palomino.runs.images import to_data_space
 from palomino.runs.result import CLASS_MIXTURE, save_encoded
 
 
@@ -54,11 +55,6 @@ def check_labels(labels: Sequence[int] | torch.Tensor, n: int, trained: Sequence
     if unknown:
         raise PalominoError(f"class {unknown[0]} was not trained in this run; its classes are {sorted(trained)}")
     return labels
-
-
-def to_data_space(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """Generator output → data space: images from [−1, 1] to [0, 1]; points unchanged."""
-    return ((x + 1) / 2).clamp(0, 1) if kind == "image" else x
 
 
 @dataclass

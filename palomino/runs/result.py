@@ -5,38 +5,29 @@ A partitioned run (cells whose mixtures carry a "class") ranks each class's cell
 best of class c goes to result/classes/<c>/, and result/mixture.json describes the class
 mixture p(x) = Σ_c p(c) p(x | c) over them, p(c) the class's share of the training data.
 
-`cell_result` runs where the cell is (torch); `write_result` wherever the run directory is
-(the embedded trainer, or the torch-free orchestrator from cells' `done` messages).
+Torch-free: `write_result` runs wherever the run directory is (the embedded trainer, or the
+torch-free orchestrator from cells' `done` messages); the results it writes are made where the
+cells are (palomino.runs.finish, torch).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from palomino.io import atomic_write
 from palomino.runs.directory import RunDirectory
 from palomino.runs.filter_rule import FilterRule
 
-if TYPE_CHECKING:
-    from palomino.coevolution import Cell
-    from palomino.config import ExperimentConfig
-    from palomino.data import Dataset
-    from palomino.grid import Coord
-    from palomino.runs.mixture import Mixture
-    from palomino.wire import Snapshot
-
-FINAL_SCORE_SAMPLES = 2000
 CLASS_MIXTURE = "class_mixture"  # result/mixture.json's "type" for a partitioned run
 
 
 @dataclass
 class CellResult:
     cell: str
-    score: float  # MMD² on FINAL_SCORE_SAMPLES samples, lower is better
+    score: float  # MMD² on palomino.runs.finish.FINAL_SCORE_SAMPLES samples, lower is better
     components: list[str]
     weights: list[float]
     payload: bytes = field(repr=False)  # the mixture's components, safetensors
@@ -47,117 +38,11 @@ class CellResult:
     trained_at: str = ""
 
 
-def uses_critics(config: ExperimentConfig) -> bool:
-    """Whether the grid's ensemble samples through the cells' discriminators (so each cell's
-    result carries its own)."""
-    return config.grid_ensemble and config.training.ensemble.critic_quantile > 0
-
-
 def save_encoded(folder: Path, payload: bytes, description: dict[str, Any]) -> None:
     """Write mixture.safetensors + mixture.json from their encoded forms (torch-free)."""
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / "mixture.safetensors", payload)
     atomic_write(folder / "mixture.json", json.dumps(description, indent=2).encode())
-
-
-def neighbourhood_mixture(
-    cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str, score: bool = True
-) -> Mixture:
-    """A cell's neighbourhood mixture as it sees it now; `score`: its MMD² on a larger sample than in training."""
-    import numpy as np
-
-    from palomino.data import class_counts, class_priors
-    from palomino.runs.mixture import Mixture
-
-    parts = cell.neighbourhood_mixture(snapshots)
-    weights = np.array([w for _, w, _ in parts])
-    info: dict[str, Any] = {
-        "cell": str(cell.coord),
-        "data": cell.config.data.name,
-        "experiment": experiment,
-        "iteration": cell.iteration,
-    }
-    if score:
-        info.update(
-            score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights), score_name="mmd2"
-        )
-    if cell.label is not None:  # its class's samples in the training data: the class prior's numerator
-        info.update({"class": cell.label, "class_count": class_counts(dataset)[cell.label]})
-    critics = [cell.discriminators.best.network] if uses_critics(cell.config) else []
-    return Mixture(
-        critics=critics,
-        critic_cells=[str(cell.coord)] if critics else [],
-        generators=[ind.network for _, _, ind in parts],
-        weights=weights,
-        components=[key for key, _, _ in parts],
-        network=cell.config.network,
-        sample_shape=dataset.sample_shape,
-        kind=dataset.kind,
-        info=info,
-        priors=class_priors(dataset) if cell.conditional else None,
-        label_count=cell.label_count,
-    )
-
-
-def ensemble_result(cells: list[Cell], dataset: Dataset, experiment: str) -> CellResult:
-    """The whole grid's ensemble (palomino.runs.ensemble) as result/ holds it: every cell's generator
-    (those it does not use at weight 0); mixture.json's "ensemble" says how it was chosen and scored."""
-    from palomino.runs.ensemble import grid_ensemble
-    from palomino.runs.images import picture_of, png_bytes
-    from palomino.runs.mixture import Mixture
-
-    config = cells[0].config
-    cells = sorted(cells, key=lambda c: str(c.coord))  # the order grid_components gives a distributed run
-    critics = [c.discriminators.best.network for c in cells] if uses_critics(config) else None
-    grid = grid_ensemble(
-        [c.generators.best.network for c in cells],
-        [str(c.coord) for c in cells],
-        dataset,
-        config,
-        cells[0].device,
-        critics,
-    )
-    mixture = Mixture(
-        generators=grid.generators,
-        weights=grid.ensemble.weights,
-        components=grid.cells,
-        network=config.network,
-        sample_shape=dataset.sample_shape,
-        kind=dataset.kind,
-        info={
-            "cell": "grid",
-            "data": config.data.name,
-            "experiment": experiment,
-            "iteration": min(c.iteration for c in cells),
-            "score": grid.ensemble.held_out_score,
-            "score_name": grid.score_name,
-            "ensemble": grid.summary(),
-        },
-        critics=critics or [],
-        critic_cells=grid.cells if critics else [],
-    )
-    grid.apply_filter(mixture)
-    payload, description = mixture.encode()
-    n = 64 if dataset.kind == "image" else 2500
-    png = png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
-    weights = [float(w) for w in mixture.weights]
-    return CellResult("grid", grid.ensemble.held_out_score, mixture.components, weights, payload, description, png)
-
-
-def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str) -> CellResult:
-    """A cell's final neighbourhood mixture, scored, with a picture of its samples."""
-    from palomino.runs.images import picture_of, png_bytes
-
-    mixture = neighbourhood_mixture(cell, snapshots, dataset, experiment)
-    score = mixture.info["score"]
-    payload, description = mixture.encode()
-    n = 64 if dataset.kind == "image" else 2500
-    labels = cell.picture_labels(n)
-    samples = mixture.sample(n, seed=cell.config.seed, labels=None if labels is None else labels.cpu())
-    png = png_bytes(picture_of(samples, dataset.kind, dataset.modes))
-    return CellResult(
-        str(cell.coord), score, mixture.components, [float(w) for w in mixture.weights], payload, description, png
-    )
 
 
 def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellResult | None = None) -> CellResult:

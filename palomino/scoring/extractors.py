@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring.classifier import adapt_images, load_classifier
+
+if TYPE_CHECKING:
+    from palomino.config import ExperimentConfig
 
 EXTRACTORS: tuple[str, ...] = ("classifier", "inception")
 CLASSIFIER_ENV = "PALOMINO_CLASSIFIER"
@@ -199,3 +204,21 @@ def build_extractor(
             "offline, use --extractor classifier instead"
         )
     raise ConfigError(f"--extractor {name!r}: unknown; use one of {', '.join(EXTRACTORS)}")
+
+
+def ensemble_features(
+    config: ExperimentConfig, kind: str, device: str | torch.device = "cpu"
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What the grid's ensemble of an image run is scored on (palomino.runs.ensemble.grid_ensemble's
+    `features`): the features of the classifier of `scoring.classifier`, else $PALOMINO_CLASSIFIER,
+    for generated images in generator space ([−1, 1]). None for points, or where no classifier is
+    configured (the ensemble is then optimised on pixel MMD²)."""
+    path = config.scoring.classifier or os.environ.get(CLASSIFIER_ENV)
+    if kind != "image" or not config.grid_ensemble or not path:
+        return None
+    extractor = ClassifierExtractor(Path(path), str(device))
+
+    def features(images: torch.Tensor) -> torch.Tensor:
+        return extractor.extract(((images + 1) / 2).clamp(0, 1))[0]
+
+    return features

@@ -225,7 +225,7 @@ class Assignment:
         log.info("moved to %s of %d×%d (epoch %d)", cell.coord, resize.rows, resize.cols, resize.epoch)
 
     async def _periodic_score(self, training: Training) -> None:
-        from palomino.runs.result import neighbourhood_mixture
+        from palomino.runs.finish import neighbourhood_mixture
 
         cell, config, every = training.cell, training.config, training.config.scoring.every
         if training.scoring is None or cell.iteration % every or cell.iteration in training.scored:
@@ -246,7 +246,7 @@ class Assignment:
 
     async def _report_done(self, training: Training) -> None:
         """The cell's final neighbourhood mixture, scored, to the orchestrator."""
-        from palomino.runs.result import cell_result
+        from palomino.runs.finish import cell_result
 
         cell = training.cell
         snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await training.bus.newest(c))}

@@ -51,12 +51,15 @@ def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
     from palomino.errors import PalominoError
     from palomino.runs.ensemble import grid_ensemble
     from palomino.runs.images import picture_of, png_bytes
+    from palomino.scoring.extractors import ensemble_features
 
     if mixture.conditional:
         raise PalominoError("a conditional run's generators are not ensembled over the grid")
     config = ExperimentConfig.model_validate(job.ensemble)
     dataset = load_dataset(data, job.data_seed)
-    grid = grid_ensemble(mixture.generators, mixture.components, dataset, config, critics=mixture.critics or None)
+    features = ensemble_features(config, dataset.kind)
+    critics = mixture.critics or None
+    grid = grid_ensemble(mixture.generators, mixture.components, dataset, config, critics=critics, features=features)
     mixture.weights = grid.ensemble.weights
     grid.apply_filter(mixture)
     n = 64 if dataset.kind == "image" else 2500
