@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-_BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
+BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
 
 
 def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,7 @@ class MixtureScore:
 
     @classmethod
     def from_samples(
-        cls, fakes: list[torch.Tensor], real: torch.Tensor, factors: tuple[float, ...] = _BANDWIDTH_FACTORS
+        cls, fakes: list[torch.Tensor], real: torch.Tensor, factors: tuple[float, ...] = BANDWIDTH_FACTORS
     ) -> MixtureScore:
         """`fakes[c]`: m samples of component c (same m for all); `real`: n real samples;
         `factors`: the kernels' bandwidths as multiples of the median distance."""

@@ -19,7 +19,7 @@ from torch import nn
 
 from palomino.coevolution.cell_data import region_of
 from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, Ensemble, FrechetScore, WeightScore, optimise_ensemble
-from palomino.coevolution.mixture import MixtureScore
+from palomino.coevolution.mixture import BANDWIDTH_FACTORS, MixtureScore
 from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
@@ -183,6 +183,6 @@ def _scores(
         log.info(
             "no classifier configured: the grid ensemble is optimised on pixel MMD² (set scoring.classifier for FID)"
         )
-    factors = FINE_BANDWIDTH_FACTORS if kind == "points" else (0.1, 0.3, 1.0)
+    factors = FINE_BANDWIDTH_FACTORS if kind == "points" else BANDWIDTH_FACTORS
     select_mmd = MixtureScore.from_samples(fakes_select, real_select, factors)
     return select_mmd, MixtureScore.from_samples(fakes_held, real_held, factors), "mmd2"

@@ -12,7 +12,7 @@ import numpy as np
 
 from palomino.data import class_counts, class_priors
 from palomino.runs.ensemble import Features, grid_ensemble
-from palomino.runs.images import picture_of, png_bytes
+from palomino.runs.images import picture_of, picture_samples, png_bytes
 from palomino.runs.mixture import Mixture
 from palomino.runs.result import CellResult
 
@@ -105,7 +105,7 @@ def ensemble_result(
     )
     grid.apply_filter(mixture)
     payload, description = mixture.encode()
-    n = 64 if dataset.kind == "image" else 2500
+    n = picture_samples(dataset.kind)
     png = png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
     weights = [float(w) for w in mixture.weights]
     return CellResult("grid", grid.ensemble.held_out_score, mixture.components, weights, payload, description, png)
@@ -116,7 +116,7 @@ def cell_result(cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Datase
     mixture = neighbourhood_mixture(cell, snapshots, dataset, experiment)
     score = mixture.info["score"]
     payload, description = mixture.encode()
-    n = 64 if dataset.kind == "image" else 2500
+    n = picture_samples(dataset.kind)
     labels = cell.picture_labels(n)
     samples = mixture.sample(n, seed=cell.config.seed, labels=None if labels is None else labels.cpu())
     png = png_bytes(picture_of(samples, dataset.kind, dataset.modes))

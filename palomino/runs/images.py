@@ -15,6 +15,13 @@ from PIL import Image, ImageDraw
 if TYPE_CHECKING:
     import torch
 
+PICTURE_SAMPLES = {"image": 64, "points": 2500}  # what a picture of samples shows: an 8×8 grid, or a scatter
+
+
+def picture_samples(kind: str) -> int:
+    """How many samples a picture of `kind` ("image" or "points") shows."""
+    return PICTURE_SAMPLES[kind]
+
 
 def tiled(
     pictures: list[np.ndarray], columns: int | None = None, pad: int = 2, margin: int = 2, background: int = 0
@@ -81,12 +88,11 @@ def progress_png(samples: torch.Tensor, kind: str, reference: torch.Tensor | Non
     return png_bytes(picture_of(to_data_space(samples, kind), kind, reference))
 
 
-def real_png(dataset, n: int = 64, seed: int = 0) -> bytes:
-    """A PNG of `n` real training samples (2,500 points for the toys), drawn like the generated ones."""
+def real_png(dataset, seed: int = 0) -> bytes:
+    """A PNG of real training samples, as many as a picture of generated ones shows (`picture_samples`)."""
     import torch
 
-    if dataset.kind != "image":
-        n = 2500
+    n = picture_samples(dataset.kind)
     generator = torch.Generator().manual_seed(seed)
     index = torch.randperm(len(dataset), generator=generator)[: min(n, len(dataset))]
     return png_bytes(picture_of(dataset.to_data_space(dataset.samples[index]), dataset.kind, dataset.modes))

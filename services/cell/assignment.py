@@ -62,7 +62,7 @@ class ControlRecorder:
     async def real_samples(self, coord: Coord, dataset: Any, seed: int) -> None:
         from palomino.runs.images import real_png
 
-        png = await asyncio.to_thread(real_png, dataset, 64, seed)
+        png = await asyncio.to_thread(real_png, dataset, seed)
         await self.control.send(
             self.orchestrator,
             Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=0, real=True),

@@ -50,7 +50,7 @@ def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
     from palomino.data import load_dataset
     from palomino.errors import PalominoError
     from palomino.runs.ensemble import grid_ensemble
-    from palomino.runs.images import picture_of, png_bytes
+    from palomino.runs.images import picture_of, picture_samples, png_bytes
     from palomino.scoring.extractors import ensemble_features
 
     if mixture.conditional:
@@ -62,7 +62,7 @@ def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
     grid = grid_ensemble(mixture.generators, mixture.components, dataset, config, critics=critics, features=features)
     mixture.weights = grid.ensemble.weights
     grid.apply_filter(mixture)
-    n = 64 if dataset.kind == "image" else 2500
+    n = picture_samples(dataset.kind)
     return grid.summary(), png_bytes(picture_of(mixture.sample(n, seed=config.seed), dataset.kind, dataset.modes))
 
 
