@@ -20,7 +20,13 @@ demo: $(VENV)/.installed
 services:
 	bash scripts/ensure-services.sh
 
+# Tests that need MNIST take it from $PALOMINO_DATA_DIR/mnist (they skip without it, and fail under
+# CI). Where the variable is unset and ../shared/datasets/mnist exists (the test split some
+# development machines keep beside the repository), the tests use that.
 test: $(VENV)/.installed services
+	if [ -z "$${PALOMINO_DATA_DIR:-}" ] && [ -d ../shared/datasets/mnist ]; then \
+		PALOMINO_DATA_DIR=$$(cd ../shared/datasets && pwd); export PALOMINO_DATA_DIR; \
+	fi; \
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:

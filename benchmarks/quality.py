@@ -43,7 +43,7 @@ from palomino.coevolution.mixture import MixtureScore
 from palomino.coevolution.schedule import decay_factor
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
-from palomino.data import Dataset, load_dataset
+from palomino.data import Dataset, data_dir, load_dataset
 from palomino.nn import build_discriminator, build_generator, get_loss
 from palomino.runs.directory import RunDirectory, read_jsonl
 from palomino.runs.embedded import train_embedded
@@ -52,7 +52,7 @@ from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
 
 ROOT = Path(__file__).resolve().parent.parent
-MNIST_DIR = ROOT.parent / "shared" / "datasets" / "mnist"
+MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
 SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
 IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
 

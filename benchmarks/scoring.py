@@ -25,15 +25,12 @@ from pathlib import Path
 import torch
 
 from palomino.config import DataConfig
-from palomino.data import load_dataset
+from palomino.data import data_dir, load_dataset
 from palomino.errors import PalominoError
 from palomino.scoring.classifier import save_classifier, train_classifier
 from palomino.scoring.extractors import FeatureExtractor, build_extractor
 from palomino.scoring.metrics import SharedPass, fid_metric
 from palomino.scoring.reference import RealStatistics
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_MNIST = ROOT.parent / "shared" / "datasets" / "mnist"
 
 
 def timed(work, repeats: int) -> float:
@@ -84,7 +81,12 @@ def main() -> None:
         "--classifier", type=Path, help="a file of `palomino classifier train` (default: train a quick one)"
     )
     parser.add_argument("--inception-weights", type=Path, help="torch-fidelity's Inception-v3 weights")
-    parser.add_argument("--data-dir", type=Path, default=SHARED_MNIST, help="MNIST (either split)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=data_dir("mnist"),
+        help="MNIST, either split (default: $PALOMINO_DATA_DIR/mnist)",
+    )
     parser.add_argument("--samples", type=int, default=2000, help="images scored per timing")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)

@@ -48,12 +48,11 @@ import palomino.coevolution.cell as cell_module
 from palomino.coevolution import Cell
 from palomino.coevolution.individual import Individual
 from palomino.config import DataConfig, ExperimentConfig
-from palomino.data import Dataset, load_dataset
+from palomino.data import Dataset, data_dir, load_dataset
 from palomino.grid import Coord, Topology
 from palomino.nn import build_discriminator, build_generator, get_loss
 
 TARGET = 0.9
-DEFAULT_DATA_DIR = Path("/work/shared/datasets/mnist")
 SAMPLE_SHAPE = (1, 28, 28)
 # On one CPU thread a DCGAN batch (width 64) takes ~0.45 s, so 100 batches per round would take
 # minutes: by default the CPU run uses 10 DCGAN batches and projects the ratio to 100 (see below).
@@ -414,7 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds measured on: cpu = this process's CPU time (default on CPU: other jobs' load does "
         "not inflate it), wall = wall clock (default on CUDA); the table shows the other clock's ratio too",
     )
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="MNIST directory (test split)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=data_dir("mnist"),
+        help="MNIST directory, test split (default: $PALOMINO_DATA_DIR/mnist, else the user cache's)",
+    )
     parser.add_argument("--no-breakdown", action="store_true", help="time the cell with no wrappers at all")
     parser.add_argument(
         "--profile", action="store_true", help="also print torch.profiler's top ops of one cell iteration"

@@ -15,7 +15,8 @@ Two measurements, in one process, on one device:
 
 Networks (`--model`): Lipizzaner's MNIST perceptron, or the toys' (examples/ring-3x3.yaml:
 Tanh, hidden 128, on 2-D points). dcgan and sngan have no stacked form yet (one by one).
-Data: the MNIST test split from `--data-dir` (or PALOMINO_DATA_DIR/mnist), else random images
+Data: the MNIST test split from `--data-dir` (default: palomino.data.data_dir("mnist"):
+$PALOMINO_DATA_DIR/mnist, else the user cache's), else random images
 of the same shape (said on the `data:` line). Seconds are this process's CPU time on the CPU
 (one torch thread: other jobs' load does not inflate it; `--clock wall` to use wall time) and
 wall time with a synchronize on CUDA.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
@@ -43,23 +43,19 @@ from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile
 from palomino.coevolution.tile_training import Lane, train_tile
 from palomino.config import DataConfig, ExperimentConfig
-from palomino.data import Dataset, load_dataset
+from palomino.data import Dataset, data_dir, load_dataset
 from palomino.grid import Coord, Topology
 
 SHAPES = {1: (1, 1), 9: (3, 3), 36: (6, 6), 144: (12, 12), 576: (24, 24)}
 
 
-def load_data(data_dir: Path | None) -> tuple[Dataset, str]:
+def load_data(where: Path) -> tuple[Dataset, str]:
     """The MNIST test split if it is there, otherwise random images of the same shape."""
-    where = data_dir or (Path(os.environ["PALOMINO_DATA_DIR"]) / "mnist" if "PALOMINO_DATA_DIR" in os.environ else None)
-    if where is not None:
-        try:
-            dataset = load_dataset(DataConfig(name="mnist", dir=where, split="test", download=False), 0)
-            return dataset, f"MNIST test split ({len(dataset)} images)"
-        except Exception as e:  # noqa: BLE001 - any failure means: use the fallback, and say so
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-    else:
-        reason = "no --data-dir and no PALOMINO_DATA_DIR"
+    try:
+        dataset = load_dataset(DataConfig(name="mnist", dir=where, split="test", download=False), 0)
+        return dataset, f"MNIST test split ({len(dataset)} images)"
+    except Exception as e:  # noqa: BLE001 - any failure means: use the fallback, and say so
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     samples = torch.rand((10_000, 1, 28, 28), generator=torch.Generator().manual_seed(0)) * 2 - 1
     return Dataset("random", samples, None, "image"), f"RANDOM images (10000, 1, 28, 28) - no MNIST: {reason}"
 
@@ -221,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="CPU: process time or wall time")
     parser.add_argument(
-        "--data-dir", type=Path, default=None, help="the MNIST files (default: $PALOMINO_DATA_DIR/mnist)"
+        "--data-dir",
+        type=Path,
+        default=data_dir("mnist"),
+        help="the MNIST files (default: $PALOMINO_DATA_DIR/mnist, else the user cache's)",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

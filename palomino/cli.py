@@ -598,8 +598,11 @@ def classifier_train(
     ),
     out: Path = typer.Option(..., "--out", help="FILE.safetensors (metadata beside it in FILE.json)."),
     data_dir: Path | None = typer.Option(
-        None, "--data-dir", help="Where the dataset's files are (default: its usual places)."
+        None,
+        "--data-dir",
+        help="Where the dataset's files are (default: $PALOMINO_DATA_DIR/NAME, else the user cache).",
     ),
+    download: bool = typer.Option(False, "--download", help="Download MNIST / Fashion-MNIST / CIFAR-10 when absent."),
     epochs: int | None = typer.Option(
         None, "--epochs", min=1, help="Default: about 150,000 images' worth, 5 to 30 epochs."
     ),
@@ -617,7 +620,7 @@ def classifier_train(
     if out.suffix != ".safetensors":
         raise _fail(ConfigError(f"--out {out}: the classifier file must end in .safetensors"))
     try:
-        config = DataConfig(name=data, dir=data_dir)
+        config = DataConfig(name=data, dir=data_dir, download=download)
     except ValidationError as error:
         flags = {"name": f"--data {data}", "dir": "--data-dir"}
         raise _fail(ConfigError(describe_validation(error, lambda field: flags.get(field, field)))) from None

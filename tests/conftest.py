@@ -1,7 +1,8 @@
-"""Shared helpers: tiny experiment configs, a way to run the real `palomino` command line, and the
-throwaway RabbitMQ and Redis of the integration tests (tests/servers.py).
+"""Shared helpers: tiny experiment configs, a way to run the real `palomino` command line, the
+throwaway RabbitMQ and Redis of the integration tests (tests/servers.py), and the real datasets
+(`mnist_dir`, `fashion_mnist_dir`: skipped when absent, failed when CI is set).
 
-Nothing here imports torch, so tests of the torch-free layers stay torch-free.
+Nothing here imports torch at import time, so tests of the torch-free layers stay torch-free.
 """
 
 from __future__ import annotations
@@ -37,13 +38,17 @@ os.environ["MKL_NUM_THREADS"] = "1"
 if "torch" in sys.modules:  # a plugin imported it first: the variables came too late
     sys.modules["torch"].set_num_threads(1)
 
-# This machine's data roots for orchestrators the tests start: the shared datasets and pytest's
+# Where the tests find real datasets: $PALOMINO_DATA_DIR/<name> (`make test` sets it where a copy is
+# at hand). The `mnist_dir` fixture is the one way a test gets MNIST.
+DATA_DIR_ENV = "PALOMINO_DATA_DIR"
+
+# This machine's data roots for orchestrators the tests start: the tests' datasets and pytest's
 # temporary folders, besides the usual ones (tests/test_security.py sets its own).
 os.environ.setdefault(
     "PALOMINO_DATA_ROOTS",
     os.pathsep.join(
         [
-            str(REPO.parent / "shared" / "datasets"),
+            *([os.environ[DATA_DIR_ENV]] if os.environ.get(DATA_DIR_ENV) else []),
             "/tmp",
             "data",
             "/data/datasets",
@@ -158,6 +163,50 @@ def last_line(text: str) -> str:
 @pytest.fixture
 def tiny_config() -> dict[str, Any]:
     return tiny()
+
+
+def missing_data(reason: str) -> None:
+    """Skip the test for want of data; under CI (the variable CI set) fail it instead: CI has the data."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this fails instead of skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+MNIST_FILES = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")  # the test split: all the tests need
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """The MNIST folder, $PALOMINO_DATA_DIR/mnist, holding at least the test split (t10k-*)."""
+    how = (
+        f"set {DATA_DIR_ENV} to a folder whose mnist/ holds MNIST's IDX files, at least "
+        f"{' and '.join(f + '.gz' for f in MNIST_FILES)} (a `palomino train` of MNIST with {DATA_DIR_ENV} set "
+        "and --set data.download=true fetches them there)"
+    )
+    if not os.environ.get(DATA_DIR_ENV):
+        missing_data(f"MNIST needed: {DATA_DIR_ENV} is not set; {how}")
+    from palomino.data import data_dir  # imports torch: only where a test needs MNIST
+
+    folder = data_dir("mnist")
+    if not all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in MNIST_FILES):
+        missing_data(f"MNIST needed: no {' / '.join(MNIST_FILES)} in {folder}; {how}")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir() -> Path:
+    """Debian's Fashion-MNIST (the dataset-fashion-mnist package; `make test` installs it)."""
+    from palomino.data.idx import DEBIAN_FASHION_MNIST
+
+    names = [
+        f"{split}-{kind}-idx{d}-ubyte.gz" for split in ("train", "t10k") for kind, d in (("images", 3), ("labels", 1))
+    ]
+    if not all((DEBIAN_FASHION_MNIST / name).is_file() for name in names):
+        missing_data(
+            f"Fashion-MNIST needed: {DEBIAN_FASHION_MNIST} is missing; "
+            "apt-get install dataset-fashion-mnist (`make test` installs it)"
+        )
+    return DEBIAN_FASHION_MNIST
 
 
 @pytest.fixture(scope="session")

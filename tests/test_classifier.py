@@ -1,7 +1,7 @@
-"""The scoring classifier: its split of the offline MNIST copy, saving and loading (checksummed), the
-image adaptation the extractors rely on, and refusing a classifier of another dataset.
+"""The scoring classifier: its split of a copy of MNIST with only the test split, saving and loading
+(checksummed), the image adaptation the extractors rely on, and refusing a classifier of another dataset.
 
-Training to > 95 % on the shared MNIST copy is in tests/test_scoring.py (one training serves those tests).
+Training to > 95 % on MNIST's test split is in tests/test_scoring.py (one training serves those tests).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
 
 from palomino.config import DataConfig
 from palomino.errors import ConfigError, PalominoError
@@ -26,8 +25,13 @@ from palomino.scoring.classifier import (
 )
 from palomino.scoring.extractors import build_extractor
 
-SHARED_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
-needs_mnist = pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="shared MNIST test split not present")
+
+def only_the_test_split(mnist_dir: Path, folder: Path) -> Path:
+    """`folder` with links to MNIST's test split only (t10k-*), whatever else `mnist_dir` holds."""
+    folder.mkdir()
+    for source in mnist_dir.glob("t10k-*-ubyte*"):
+        (folder / source.name).symlink_to(source.resolve())
+    return folder
 
 
 def untrained(dataset: str = "mnist", shape: tuple[int, int, int] = (1, 28, 28)) -> TrainedClassifier:
@@ -44,9 +48,9 @@ def untrained(dataset: str = "mnist", shape: tuple[int, int, int] = (1, 28, 28))
     return TrainedClassifier(ClassifierNet(shape[0], 10).eval(), meta)
 
 
-@needs_mnist
-def test_only_the_test_split_here_gives_8000_for_training_and_2000_for_testing() -> None:
-    split = classifier_split(DataConfig(name="mnist", dir=SHARED_MNIST), holdout=2000, seed=0)
+def test_only_the_test_split_here_gives_8000_for_training_and_2000_for_testing(mnist_dir: Path, tmp_path: Path) -> None:
+    t10k = only_the_test_split(mnist_dir, tmp_path / "mnist")
+    split = classifier_split(DataConfig(name="mnist", dir=t10k), holdout=2000, seed=0)
     assert (len(split.train), len(split.test)) == (8000, 2000)
     assert "only the test split is here" in split.description
 
@@ -55,17 +59,14 @@ def test_only_the_test_split_here_gives_8000_for_training_and_2000_for_testing()
 
     assert not images(split.train) & images(split.test)  # disjoint
     assert torch.bincount(split.test.labels, minlength=10).min() > 150  # a random draw: every digit is tested
-    again = classifier_split(DataConfig(name="mnist", dir=SHARED_MNIST), holdout=2000, seed=0)
+    again = classifier_split(DataConfig(name="mnist", dir=t10k), holdout=2000, seed=0)
     assert torch.equal(again.test.labels, split.test.labels)  # seeded
     with pytest.raises(ConfigError, match="--holdout 10000: must be between 1 and 9999"):
-        classifier_split(DataConfig(name="mnist", dir=SHARED_MNIST), holdout=10_000)
+        classifier_split(DataConfig(name="mnist", dir=t10k), holdout=10_000)
 
 
-def test_fashion_mnist_has_both_splits_and_uses_the_standard_one() -> None:
-    folder = Path("/usr/share/datasets/fashion-mnist")
-    if not (folder / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip("Debian's Fashion-MNIST is not installed")
-    split = classifier_split(DataConfig(name="fashion_mnist", dir=folder))
+def test_fashion_mnist_has_both_splits_and_uses_the_standard_one(fashion_mnist_dir: Path) -> None:
+    split = classifier_split(DataConfig(name="fashion_mnist", dir=fashion_mnist_dir))
     assert (len(split.train), len(split.test)) == (
         60_000,
         10_000,
@@ -112,12 +113,13 @@ def test_extractor_gives_features_and_logits_for_any_image_size(tmp_path: Path) 
     assert extractor.identity == f"classifier-{json.loads((tmp_path / 'c.json').read_text())['sha256'][:16]}"
 
 
-@needs_mnist
-def test_a_classifier_of_another_dataset_is_refused_with_the_command_to_train_the_right_one(tmp_path: Path) -> None:
+def test_a_classifier_of_another_dataset_is_refused_with_the_command_to_train_the_right_one(
+    tmp_path: Path, mnist_dir: Path
+) -> None:
     path = save_classifier(untrained("fashion_mnist"), tmp_path / "fashion.safetensors")
     options = ScoringOptions(classifier=path, cache_dir=tmp_path, metrics=["fid"])
     with pytest.raises(
         ConfigError,
-        match=rf"trained on fashion_mnist, but the data is mnist.*palomino classifier train --data mnist --data-dir {SHARED_MNIST}",
+        match=rf"trained on fashion_mnist, but the data is mnist.*palomino classifier train --data mnist --data-dir {mnist_dir}",
     ):
-        ScoringContext.prepare(DataConfig(name="mnist", dir=SHARED_MNIST, split="test", size=100), options)
+        ScoringContext.prepare(DataConfig(name="mnist", dir=mnist_dir, split="test", size=100), options)

@@ -1,6 +1,6 @@
 """Conditional networks (network.conditional): the CGAN / DC-CGAN builders, labels through a
 cell's training and fitness, conditional mixtures, and a conditional draw that a classifier
-recognises after a short training on the shared MNIST copy."""
+recognises after a short training on MNIST's test split (the `mnist_dir` fixture)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import merge, tiny
-from torch import nn
+from helpers import mnist_classifier
 
 from palomino.coevolution import Cell
 from palomino.config import parse_config
@@ -27,7 +27,6 @@ from palomino.runs import Mixture, RunDirectory
 from palomino.runs.embedded import train_embedded
 from palomino.runs.mixture import draw_labels
 
-MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mnist"
 SHAPES = [("mlp", (2,), "points"), ("mlp", (1, 28, 28), "image"), ("dcgan", (1, 28, 28), "image"),
           ("dcgan", (3, 32, 32), "image"), ("sngan", (3, 64, 64), "image")]  # fmt: skip
 
@@ -160,9 +159,9 @@ def test_conditional_progress_pictures_show_each_class() -> None:
     assert cell.samples(6).shape == (6, 2)
 
 
-def test_conditional_wgan_gp_on_dcgan_iterates() -> None:
+def test_conditional_wgan_gp_on_dcgan_iterates(mnist_dir: Path) -> None:
     cell, _ = conditional_cell(
-        data={"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "size": 128},
+        data={"name": "mnist", "dir": str(mnist_dir), "split": "test", "size": 128},
         network={"name": "dcgan", "width": 4, "latent_dim": 8},
         training={"losses": ["wgan_gp", "minimax"], "batches_per_iteration": 2, "batch_size": 16,
                   "fitness": {"sample_size": 16}, "mixture": {"score_samples": 16}},
@@ -211,29 +210,9 @@ def test_unconditional_mixture_refuses_a_class() -> None:
 # --- a conditional draw of class c looks like c ---------------------------------------------------
 
 
-def mnist_classifier(dataset, seed: int = 0) -> tuple[nn.Module, float]:
-    """A small perceptron trained on 8,000 of the t10k images, tested on the other 2,000."""
-    torch.manual_seed(seed)
-    x, y = dataset.samples.flatten(1), dataset.labels
-    net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
-    optimizer = torch.optim.Adam(net.parameters(), 1e-3)
-    train = len(x) - 2000
-    for _ in range(3):
-        order = torch.randperm(train)
-        for start in range(0, train, 100):
-            index = order[start : start + 100]
-            loss = nn.functional.cross_entropy(net(x[index]), y[index])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    with torch.no_grad():
-        accuracy = float((net(x[train:]).argmax(1) == y[train:]).float().mean())
-    return net.eval(), accuracy
-
-
 @pytest.mark.slow
-def test_a_conditional_draw_is_classified_as_its_class(tmp_path: Path) -> None:
-    whole = load_dataset(parse_config({"data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test"}}).data)
+def test_a_conditional_draw_is_classified_as_its_class(tmp_path: Path, mnist_dir: Path) -> None:
+    whole = load_dataset(parse_config({"data": {"name": "mnist", "dir": str(mnist_dir), "split": "test"}}).data)
     classifier, accuracy = mnist_classifier(whole)
     assert accuracy > 0.85
     raw = {
@@ -241,7 +220,7 @@ def test_a_conditional_draw_is_classified_as_its_class(tmp_path: Path) -> None:
         "training": {"iterations": 24, "batch_size": 64, "batches_per_iteration": 20, "losses": ["nonsaturating"],
                      "learning_rate": 0.0005, "fitness": {"sample_size": 64}, "mixture": {"score_samples": 64},
                      "checkpoint_every": 0, "sample_every": 0},
-        "data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "classes": [0, 1, 4]},
+        "data": {"name": "mnist", "dir": str(mnist_dir), "split": "test", "classes": [0, 1, 4]},
         "network": {"name": "mlp", "hidden": 128, "latent_dim": 32, "conditional": True},
     }  # fmt: skip
     config = parse_config(raw)

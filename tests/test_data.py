@@ -21,9 +21,6 @@ from PIL import Image
 from palomino.data import DATASET_NAMES, Dataset, cifar, fetch, idx, load_dataset, read_idx
 from palomino.errors import DatasetError
 
-SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mnist"
-DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
-
 
 def cfg(name: str, dir: Path | None = None, **kw: object) -> SimpleNamespace:
     base = dict(split="train", size=0, image_size=None, channels=None, download=False)
@@ -172,12 +169,88 @@ def test_download_verifies_md5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(idx.SOURCES["mnist"].md5, "t10k-images-idx3-ubyte.gz", "0" * 32)
     with pytest.raises(DatasetError, match="md5"):
         load_dataset(cfg("mnist", tmp_path / "dl2", split="test", download=True))
-    assert not list((tmp_path / "dl2").iterdir())
+    assert not (tmp_path / "dl2").exists()
 
 
-@pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="shared MNIST test split not present")
-def test_real_mnist_test_split() -> None:
-    ds = load_dataset(cfg("mnist", SHARED_MNIST, split="test"))
+def serve(monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes]) -> None:
+    """urlopen answers with `files` by name; any other name is a network error."""
+
+    def opened(url: str, timeout: float) -> io.BytesIO:
+        name = url.rsplit("/", 1)[1]
+        if name not in files:
+            raise URLError(f"{name}: connection reset")
+        return io.BytesIO(files[name])
+
+    monkeypatch.setattr(fetch, "urlopen", opened)
+
+
+def test_a_failed_download_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    served = tmp_path / "served"
+    write_mnist(served, "test", 4)
+    images = (served / "t10k-images-idx3-ubyte.gz").read_bytes()
+    monkeypatch.setitem(idx.SOURCES["mnist"].md5, "t10k-images-idx3-ubyte.gz", hashlib.md5(images).hexdigest())
+    serve(monkeypatch, {"t10k-images-idx3-ubyte.gz": images})  # the images come, the labels fail
+    # A folder the download would have made: gone again, parents and all.
+    target = tmp_path / "new" / "nested" / "mnist"
+    with pytest.raises(DatasetError, match="download failed.*connection reset"):
+        load_dataset(cfg("mnist", target, split="test", download=True))
+    assert not (tmp_path / "new").exists()
+    # A folder that was there: only what the download added goes (no images without their labels).
+    kept = tmp_path / "kept"
+    write_mnist(kept, "train", 3)
+    before = sorted(p.name for p in kept.iterdir())
+    with pytest.raises(DatasetError, match="download failed"):
+        load_dataset(cfg("mnist", kept, split="test", download=True))
+    assert sorted(p.name for p in kept.iterdir()) == before
+
+
+def test_a_failed_cifar_download_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    staged = tmp_path / "staged" / "cifar-10-batches-bin"
+    write_cifar(staged / "readme.html", [])  # unpacks, but holds no batch
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(staged, arcname="cifar-10-batches-bin")
+    serve(monkeypatch, {"cifar-10-binary.tar.gz": buffer.getvalue()})
+    monkeypatch.setattr(cifar, "MD5", hashlib.md5(buffer.getvalue()).hexdigest())
+    with pytest.raises(DatasetError, match="did not hold cifar-10-batches-bin/test_batch.bin"):
+        load_dataset(cfg("cifar10", tmp_path / "dl", split="test", download=True))
+    assert not (tmp_path / "dl").exists()
+
+
+def test_downloading_is_off_unless_asked_and_the_error_says_how_to_get_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from palomino.config import DataConfig
+
+    assert DataConfig().download is False
+    monkeypatch.setattr(fetch, "urlopen", lambda url, timeout: pytest.fail(f"downloaded {url}"))
+    monkeypatch.setenv("PALOMINO_DATA_DIR", str(tmp_path / "data"))
+    for name in ("mnist", "cifar10"):
+        with pytest.raises(DatasetError) as e:
+            load_dataset(DataConfig(name=name, split="test"))
+        message = str(e.value)
+        assert "downloading is off (data.download=false)" in message
+        assert "data.dir" in message and "$PALOMINO_DATA_DIR/" + name in message and "data.download=true" in message
+        assert str(tmp_path / "data" / name) in message  # where the files go
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_data_folder_is_data_dir_else_the_variable_else_the_user_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PALOMINO_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert fetch.data_dir("mnist") == tmp_path / "cache" / "palomino" / "mnist"
+    monkeypatch.setenv("PALOMINO_DATA_DIR", str(tmp_path / "data"))
+    assert fetch.data_dir("mnist") == tmp_path / "data" / "mnist"
+    assert fetch.data_dir("mnist", tmp_path / "mine") == tmp_path / "mine"
+    # The loaders follow it: with data.dir unset, the files come from $PALOMINO_DATA_DIR/<name>.
+    write_mnist(tmp_path / "data" / "mnist", "test", 6)
+    assert len(load_dataset(cfg("mnist", None, split="test"))) == 6
+
+
+def test_real_mnist_test_split(mnist_dir: Path) -> None:
+    ds = load_dataset(cfg("mnist", mnist_dir, split="test"))
     assert len(ds) == 10_000 and ds.sample_shape == (1, 28, 28)
     assert ds.samples.min() == -1 and ds.samples.max() == 1
     assert sorted(ds.labels.unique().tolist()) == list(range(10))
@@ -185,12 +258,11 @@ def test_real_mnist_test_split() -> None:
     assert img.min() >= 0 and img.max() <= 1
 
 
-@pytest.mark.skipif(
-    not (DEBIAN_FASHION / "t10k-labels-idx1-ubyte.gz").is_file(),
-    reason="Debian's dataset-fashion-mnist is not installed",
-)
-def test_debian_fashion_mnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))  # an empty cache: found in /usr/share only
+def test_debian_fashion_mnist(fashion_mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An empty data folder (no PALOMINO_DATA_DIR, an empty cache): found in /usr/share only.
+    monkeypatch.delenv("PALOMINO_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ds = load_dataset(cfg("fashion_mnist", None, split="test"))
     assert len(ds) == 10_000 and ds.sample_shape == (1, 28, 28)
     assert ds.class_names[9] == "Ankle boot"

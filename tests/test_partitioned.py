@@ -1,6 +1,6 @@
 """Class-partitioned training (data.partition: labels): the configuration, one sub-grid per
 class, class-filtered data and priors, the class mixture, and a 3-class run end to end
-through the real command line on the shared MNIST copy."""
+through the real command line on MNIST's test split (the `mnist_dir` fixture)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import last_line, palomino, tiny, write_yaml
-from test_conditional import MNIST_DIR, mnist_classifier
+from helpers import mnist_classifier
 
 from palomino.coevolution import Cell
 from palomino.config import dump_config, load_config, parse_config
@@ -25,8 +25,6 @@ from palomino.nn.mlp import MLPDiscriminator
 from palomino.runs import Mixture, RunDirectory
 from palomino.runs.mixture import ClassMixture
 from palomino.runs.result import CellResult, write_class_result, write_result
-
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 
 def partitioned(**changes) -> dict:
@@ -80,12 +78,13 @@ def test_a_bad_partition_config_exits_2_naming_the_field(tmp_path: Path) -> None
     assert "grid.per_class" in result.stderr and "ROWSxCOLS" in result.stderr
 
 
-def test_label_counts_match_the_datasets() -> None:
+@pytest.mark.parametrize("name", ["gaussian_ring", "gaussian_grid", "mnist", "fashion_mnist"])
+def test_label_counts_match_the_datasets(name: str, request: pytest.FixtureRequest) -> None:
     """The torch-free table the orchestrator lays partitions out with agrees with the loaders."""
-    for name, directory, split in [("gaussian_ring", None, "train"), ("gaussian_grid", None, "train"),
-                                   ("mnist", MNIST_DIR, "test"), ("fashion_mnist", FASHION_DIR, "test")]:  # fmt: skip
-        dataset = load_dataset(parse_config({"data": {"name": name, "dir": directory, "split": split}}).data)
-        assert label_count(dataset) == LABEL_COUNTS[name] == len(class_counts(dataset)), name
+    directory = request.getfixturevalue(f"{name}_dir") if "mnist" in name else None
+    split = "test" if directory else "train"
+    dataset = load_dataset(parse_config({"data": {"name": name, "dir": directory, "split": split}}).data)
+    assert label_count(dataset) == LABEL_COUNTS[name] == len(class_counts(dataset)), name
 
 
 # --- sub-grids ----------------------------------------------------------------------------------
@@ -129,14 +128,14 @@ def test_class_grid_errors_and_shrinking() -> None:
 # --- class-filtered data and priors ---------------------------------------------------------------
 
 
-def test_classes_select_labels_and_size_counts_them() -> None:
+def test_classes_select_labels_and_size_counts_them(mnist_dir: Path) -> None:
     config = parse_config(
-        {"data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "classes": [7, 1], "size": 500}}
+        {"data": {"name": "mnist", "dir": str(mnist_dir), "split": "test", "classes": [7, 1], "size": 500}}
     )
     dataset = load_dataset(config.data, seed=3)
     assert len(dataset) == 500 and set(class_counts(dataset)) == {1, 7}
     assert label_count(dataset) == 10  # labels keep their meaning: an embedding still has 10 rows
-    whole = load_dataset(parse_config({"data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test"}}).data)
+    whole = load_dataset(parse_config({"data": {"name": "mnist", "dir": str(mnist_dir), "split": "test"}}).data)
     assert class_counts(select_classes(whole, [1, 7])) == {1: 1135, 7: 1028}  # the t10k split's counts
     with pytest.raises(DatasetError, match="no label 12"):
         select_classes(whole, [12])
@@ -256,7 +255,7 @@ def test_write_class_result_keeps_each_class_best_and_the_priors(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_three_classes_end_to_end(tmp_path: Path) -> None:
+def test_three_classes_end_to_end(tmp_path: Path, mnist_dir: Path) -> None:
     classes = [0, 1, 7]
     raw = {
         "name": "partitioned", "seed": 2,
@@ -264,7 +263,7 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
         "training": {"iterations": 4, "batch_size": 64, "batches_per_iteration": 10, "losses": ["nonsaturating"],
                      "learning_rate": 0.0005, "fitness": {"sample_size": 64}, "mixture": {"score_samples": 64},
                      "checkpoint_every": 2, "sample_every": 2},
-        "data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test", "partition": "labels", "classes": classes},
+        "data": {"name": "mnist", "dir": str(mnist_dir), "split": "test", "partition": "labels", "classes": classes},
         "network": {"name": "mlp", "hidden": 64, "latent_dim": 16},
     }  # fmt: skip
     config = write_yaml(tmp_path / "partitioned.yaml", raw)
@@ -291,9 +290,11 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
     assert load_config(run / "config.yaml").cells == 6
 
     # The class mixture: priors are the classes' shares of the training data (from the IDX file itself).
-    raw_labels = np.frombuffer(
-        gzip.decompress((MNIST_DIR / "t10k-labels-idx1-ubyte.gz").read_bytes()), np.uint8, offset=8
+    labels_file = next(
+        mnist_dir / n for n in ("t10k-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte") if (mnist_dir / n).is_file()
     )
+    body = labels_file.read_bytes()
+    raw_labels = np.frombuffer(gzip.decompress(body) if labels_file.suffix == ".gz" else body, np.uint8, offset=8)
     counts = {c: int((raw_labels == c).sum()) for c in classes}
     description = json.loads((run / "result" / "mixture.json").read_text())
     for c in classes:
@@ -313,7 +314,7 @@ def test_three_classes_end_to_end(tmp_path: Path) -> None:
         assert abs(int((labels == c).sum()) - 3000 * counts[c] / sum(counts.values())) < 1
 
     # A draw of class c is classified as c by a classifier trained on MNIST (`palomino sample --class 7`).
-    whole = load_dataset(parse_config({"data": {"name": "mnist", "dir": str(MNIST_DIR), "split": "test"}}).data)
+    whole = load_dataset(parse_config({"data": {"name": "mnist", "dir": str(mnist_dir), "split": "test"}}).data)
     classifier, _ = mnist_classifier(whole)
     out = tmp_path / "class-7.npy"
     drawn = palomino("sample", run, "--n", "200", "--class", "7", "--out", out, cwd=tmp_path)

@@ -3,7 +3,7 @@ of its class distribution), each class's best mixture and each cell against its 
 only, real statistics cached per class, and the same for a single mixture of one class (what the
 scorer service gets from a partitioned distributed run).
 
-The MNIST tests use the shared MNIST copy (test split), three of its classes, and a classifier
+The MNIST tests use MNIST's test split (the `mnist_dir` fixture), three of its classes, and a classifier
 trained here at a tiny budget (seconds; its accuracy only has to beat chance clearly).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, last_line, palomino, tiny, write_yaml
+from conftest import last_line, palomino, tiny, write_yaml
 from safetensors.torch import load_file
 from torch import nn
 
@@ -26,7 +26,6 @@ from palomino.scoring import ClassDraws, ScoringContext, ScoringOptions, mixture
 from palomino.scoring.metrics import build_metrics, compute_metrics
 from palomino.scoring.tvd import ClassHitRate
 
-SHARED_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
 CLASSES = [0, 1, 7]
 
 
@@ -127,14 +126,12 @@ def test_a_partitioned_toy_run_is_scored_class_by_class(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def mnist_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def mnist_run(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> tuple[Path, Path]:
     """(a finished 3-class partitioned MNIST run, a classifier of MNIST) — both made here in seconds."""
-    if not SHARED_MNIST.is_dir():
-        pytest.skip("shared MNIST test split not present")
     from palomino.scoring.classifier import save_classifier, train_classifier
 
     folder = tmp_path_factory.mktemp("partitioned-scoring")
-    trained = train_classifier(DataConfig(name="mnist", dir=SHARED_MNIST), train_size=3000, test_size=1000, epochs=3)
+    trained = train_classifier(DataConfig(name="mnist", dir=mnist_dir), train_size=3000, test_size=1000, epochs=3)
     assert trained.accuracy > 0.6, trained.meta  # far from the real one's 99 %, plenty to tell digits apart
     classifier = save_classifier(trained, folder / "mnist.safetensors")
     raw = tiny(
@@ -142,7 +139,7 @@ def mnist_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         training={"iterations": 2, "batches_per_iteration": 5, "checkpoint_every": 0, "sample_every": 0},
         data={
             "name": "mnist",
-            "dir": str(SHARED_MNIST),
+            "dir": str(mnist_dir),
             "split": "test",
             "size": 0,
             "partition": "labels",

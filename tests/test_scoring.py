@@ -2,7 +2,7 @@
 errors, and `palomino score` on real finished runs (a toy run; an MNIST run with a classifier trained here).
 
 The metrics' arithmetic is checked against closed forms computed independently in the tests; the
-classifier-backed tests use the shared MNIST copy (its test split) and a classifier that
+classifier-backed tests use MNIST's test split (the `mnist_dir` fixture) and a classifier that
 `palomino classifier train` trains at reduced size in the module fixture (tests/test_classifier.py).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, last_line, palomino, tiny, write_yaml
+from conftest import last_line, palomino, tiny, write_yaml
 from torch import nn
 
 from palomino.config import DataConfig
@@ -26,10 +26,6 @@ from palomino.scoring.extractors import build_extractor
 from palomino.scoring.metrics import compute_metrics, fid_metric, inception_score_metric, kid_metric
 from palomino.scoring.reference import RealStatistics
 from palomino.scoring.tvd import ClassDistributionTVD, total_variation
-
-SHARED_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
-needs_mnist = pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="shared MNIST test split not present")
-MNIST = DataConfig(name="mnist", dir=SHARED_MNIST, split="test")
 
 
 def features_in(width: int) -> nn.Module:
@@ -277,9 +273,12 @@ def test_scoring_section_of_the_experiment_is_validated(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def mnist_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not SHARED_MNIST.is_dir():
-        pytest.skip("shared MNIST test split not present")
+def mnist(mnist_dir: Path) -> DataConfig:
+    return DataConfig(name="mnist", dir=mnist_dir, split="test")
+
+
+@pytest.fixture(scope="module")
+def mnist_classifier(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> Path:
     folder = tmp_path_factory.mktemp("classifier")
     out = folder / "mnist.safetensors"
     done = palomino(
@@ -288,7 +287,7 @@ def mnist_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--data",
         "mnist",
         "--data-dir",
-        SHARED_MNIST,
+        mnist_dir,
         "--out",
         out,
         "--train-size",
@@ -305,9 +304,8 @@ def mnist_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@needs_mnist
 @pytest.mark.slow
-def test_the_classifier_trains_on_the_shared_mnist_copy_and_beats_95_percent(mnist_classifier: Path) -> None:
+def test_the_classifier_trains_on_the_mnist_test_split_and_beats_95_percent(mnist_classifier: Path) -> None:
     meta = json.loads(mnist_classifier.with_suffix(".json").read_text())
     assert meta["accuracy"] > 0.95, meta
     assert meta["dataset"] == "mnist" and meta["image_shape"] == [1, 28, 28] and len(meta["classes"]) == 10
@@ -315,15 +313,16 @@ def test_the_classifier_trains_on_the_shared_mnist_copy_and_beats_95_percent(mni
     assert meta["split"] == "only the test split is here: 8000 of its images for training, 2000 for testing"
 
 
-@needs_mnist
 @pytest.mark.slow
-def test_real_mnist_scores_well_against_itself_through_the_classifier(mnist_classifier: Path, tmp_path: Path) -> None:
+def test_real_mnist_scores_well_against_itself_through_the_classifier(
+    mnist_classifier: Path, mnist: DataConfig, tmp_path: Path
+) -> None:
     options = ScoringOptions(classifier=mnist_classifier, cache_dir=tmp_path, real_samples=4000, samples=2000)
-    context = ScoringContext.prepare(MNIST, options)
+    context = ScoringContext.prepare(mnist, options)
     assert context.real is not None and context.real.n == 4000 and context.real.class_source == "labels"
     assert not context.real.cached and context.real.path is not None and context.real.path.is_file()
 
-    dataset = load_dataset(MNIST)
+    dataset = load_dataset(mnist)
     with_labels = dataset.to_data_space(dataset.samples)
     from palomino.scoring.metrics import build_metrics, update_metrics
 
@@ -346,24 +345,23 @@ def test_real_mnist_scores_well_against_itself_through_the_classifier(mnist_clas
     assert ones["is"]["value"] < 1.5 and held_out["is"]["value"] > 8  # one class vs ten, confidently
 
     # The second time the real statistics come from the cache, identical.
-    again = ScoringContext.prepare(MNIST, options)
+    again = ScoringContext.prepare(mnist, options)
     assert again.real.cached and torch.equal(again.real.features, context.real.features)
     # A corrupt cache file is recomputed, not trusted.
     context.real.path.write_bytes(b"garbage")
-    third = ScoringContext.prepare(MNIST, options)
+    third = ScoringContext.prepare(mnist, options)
     assert not third.real.cached and torch.allclose(third.real.features, context.real.features)
 
 
-@needs_mnist
 @pytest.mark.slow
-def test_palomino_score_on_an_mnist_run(mnist_classifier: Path, tmp_path: Path) -> None:
+def test_palomino_score_on_an_mnist_run(mnist_classifier: Path, mnist_dir: Path, tmp_path: Path) -> None:
     config = write_yaml(
         tmp_path / "mnist.yaml",
         tiny(
             name="mnist-tiny",
             grid={"rows": 1, "cols": 2},
             training={"iterations": 2, "batches_per_iteration": 5, "checkpoint_every": 0, "sample_every": 0},
-            data={"name": "mnist", "dir": str(SHARED_MNIST), "split": "test", "size": 1000},
+            data={"name": "mnist", "dir": str(mnist_dir), "split": "test", "size": 1000},
             network={"name": "mlp", "hidden": 32, "latent_dim": 8},
         ),
     )
@@ -373,7 +371,7 @@ def test_palomino_score_on_an_mnist_run(mnist_classifier: Path, tmp_path: Path) 
 
     missing = palomino("score", run, "--samples", "300", cwd=tmp_path)
     assert missing.returncode == 2
-    assert f"palomino classifier train --data mnist --data-dir {SHARED_MNIST} --out FILE.safetensors" in missing.stderr
+    assert f"palomino classifier train --data mnist --data-dir {mnist_dir} --out FILE.safetensors" in missing.stderr
 
     cache = tmp_path / "cache"
     args = (

@@ -267,7 +267,9 @@ class TrainingConfig(_Strict):
 class DataConfig(_QuietNewKeys):
     name: DataName = Field("gaussian_ring", description="the dataset")
     dir: Path | None = Field(
-        None, description="where its files are (the README's Data section has the search order when none)"
+        None,
+        description="where its files are; none: `$PALOMINO_DATA_DIR/<name>` if that is set, else the user "
+        "cache's `palomino/<name>` (`~/.cache/palomino/<name>` on Linux; Fashion-MNIST: then Debian's `/usr/share/datasets/fashion-mnist`)",
     )
     split: Literal["train", "test"] = Field("train", description="which split of the dataset")
     size: int = Field(
@@ -285,7 +287,11 @@ class DataConfig(_QuietNewKeys):
         json_schema_extra={"cost": "one 1024×1024×3 float32 image is 12.6 MB: keep data.size small with it"},
     )
     channels: Literal[1, 3] | None = Field(None, description="image_folder: 1 or 3 channels (none: 1)")
-    download: bool = Field(True, description="download MNIST / Fashion-MNIST / CIFAR-10 when absent (never in tests)")
+    download: bool = Field(
+        False,
+        description="download MNIST / Fashion-MNIST / CIFAR-10 into that folder when absent; off: a missing file is an "
+        "error that says what goes where",
+    )
     classes: list[int] | None = Field(
         None,
         min_length=1,

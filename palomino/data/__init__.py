@@ -13,6 +13,7 @@ from typing import Any
 from palomino.data.cifar import load_cifar10
 from palomino.data.classes import class_counts, class_priors, class_subset, diet, label_count, select_classes
 from palomino.data.dataset import Dataset
+from palomino.data.fetch import DATA_DIR_ENV, data_dir
 from palomino.data.folder import load_folder
 from palomino.data.idx import load_idx, read_idx
 from palomino.data.toys import load_toy
@@ -55,11 +56,13 @@ def _all_samples(cfg: Any) -> Any:
 
 __all__ = [
     "DATASET_NAMES",
+    "DATA_DIR_ENV",
     "Dataset",
     "DatasetError",
     "class_counts",
     "class_priors",
     "class_subset",
+    "data_dir",
     "diet",
     "label_count",
     "load_dataset",

@@ -9,7 +9,14 @@ from typing import Any
 import numpy as np
 
 from palomino.data.dataset import Dataset, check_split, image_dataset
-from palomino.data.fetch import FETCH_ERRORS, cache_dir, download, missing_files_error
+from palomino.data.fetch import (
+    FETCH_ERRORS,
+    data_dir,
+    download,
+    how_to_get,
+    leaves_nothing_on_failure,
+    missing_files_error,
+)
 from palomino.errors import DatasetError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
@@ -70,22 +77,22 @@ def _pickled_hint(bases: list[Path]) -> str:
 def _fetch(cfg: Any, bases: list[Path], split: str) -> list[Path]:
     """Fetch and unpack into bases[0] if allowed; otherwise, or on failure, say what goes where."""
     reason = "downloading is off (data.download=false)"
-    if getattr(cfg, "download", True):
+    if getattr(cfg, "download", False):
         archive = bases[0] / "cifar-10-binary.tar.gz"
         try:
-            download(URL, archive, MD5)
-            with tarfile.open(archive) as tar:
-                # Only the batch folder's regular files; the "data" filter refuses unsafe paths.
-                members = [m for m in tar if m.isfile() and m.name.startswith(SUBDIR + "/")]
-                tar.extractall(bases[0], members=members, filter="data")
-            found = _locate(bases[:1], FILES[split])
-            if found:
-                return found
-            reason = f"{URL} did not hold {SUBDIR}/{FILES[split][0]}"
+            with leaves_nothing_on_failure(bases[0]):  # no archive, no half-unpacked folder, no empty folder
+                download(URL, archive, MD5)
+                with tarfile.open(archive) as tar:
+                    # Only the batch folder's regular files; the "data" filter refuses unsafe paths.
+                    members = [m for m in tar if m.isfile() and m.name.startswith(SUBDIR + "/")]
+                    tar.extractall(bases[0], members=members, filter="data")
+                archive.unlink()
+                found = _locate(bases[:1], FILES[split])
+                if not found:
+                    raise ValueError(f"{URL} did not hold {SUBDIR}/{FILES[split][0]}")
+            return found
         except (*FETCH_ERRORS, tarfile.TarError) as e:
             reason = f"download failed ({e})"
-        finally:
-            archive.unlink(missing_ok=True)
     searched = [d for b in bases for d in (b, b / SUBDIR)]
     raise missing_files_error(
         f"cifar10 {split} split",
@@ -94,13 +101,13 @@ def _fetch(cfg: Any, bases: list[Path], split: str) -> list[Path]:
         FILES[split],
         reason,
         f" (they come in {URL})",
-        _pickled_hint(bases),
+        _pickled_hint(bases) or how_to_get("cifar10"),
     )
 
 
 def load_cifar10(cfg: Any, seed: int) -> Dataset:
     split = check_split(cfg.split)
-    bases = [Path(cfg.dir)] if cfg.dir is not None else [cache_dir("cifar10")]
+    bases = [data_dir("cifar10", cfg.dir)]
     batches = [read_batch(p) for p in _locate(bases, FILES[split]) or _fetch(cfg, bases, split)]
     images = np.concatenate([b[0] for b in batches])
     labels = np.concatenate([b[1] for b in batches])

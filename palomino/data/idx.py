@@ -13,19 +13,28 @@ from typing import Any
 import numpy as np
 
 from palomino.data.dataset import Dataset, check_split, image_dataset
-from palomino.data.fetch import FETCH_ERRORS, cache_dir, download_any, missing_files_error
+from palomino.data.fetch import (
+    FETCH_ERRORS,
+    data_dir,
+    download_any,
+    how_to_get,
+    leaves_nothing_on_failure,
+    missing_files_error,
+)
 from palomino.errors import DatasetError
 
 # IDX type byte → big-endian numpy dtype (the format's own table).
 _DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 _PREFIX = {"train": "train", "test": "t10k"}
+# Debian's dataset-fashion-mnist package: the four canonical *.gz names.
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 @dataclass(frozen=True)
 class IdxSource:
     mirrors: tuple[str, ...]  # base URLs, each holding the four .gz files
     md5: dict[str, str]  # of the published .gz files (re-packed copies, e.g. Debian's, differ)
-    extra_dirs: tuple[Path, ...]  # searched after the cache when data.dir is unset
+    extra_dirs: tuple[Path, ...]  # searched after data_dir(name) when data.dir is unset
     class_names: tuple[str, ...]
 
 
@@ -52,8 +61,7 @@ SOURCES = {
             "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
             "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
         },
-        # Debian's dataset-fashion-mnist: the four canonical *.gz names.
-        extra_dirs=(Path("/usr/share/datasets/fashion-mnist"),),
+        extra_dirs=(DEBIAN_FASHION_MNIST,),
         class_names=(
             "T-shirt/top",
             "Trouser",
@@ -121,10 +129,11 @@ def _fetch(cfg: Any, source: IdxSource, dirs: list[Path], split: str) -> list[Pa
     """Download the split into dirs[0] if allowed; otherwise, or on failure, say what goes where."""
     target, files = dirs[0], [f + ".gz" for f in split_files(split)]
     reason = "downloading is off (data.download=false)"
-    if getattr(cfg, "download", True):
+    if getattr(cfg, "download", False):
         try:
-            for f in files:
-                download_any(tuple(m + f for m in source.mirrors), target / f, source.md5[f])
+            with leaves_nothing_on_failure(target):  # both files or neither
+                for f in files:
+                    download_any(tuple(m + f for m in source.mirrors), target / f, source.md5[f])
             return [target / f for f in files]
         except FETCH_ERRORS as e:
             reason = f"download failed ({e})"
@@ -138,14 +147,14 @@ def _fetch(cfg: Any, source: IdxSource, dirs: list[Path], split: str) -> list[Pa
         files,
         reason,
         " (gzipped or raw)",
-        hint if here else "",
+        hint if here else how_to_get(cfg.name),
     )
 
 
 def load_idx(cfg: Any, seed: int) -> Dataset:
     source = SOURCES[cfg.name]
     split = check_split(cfg.split)
-    dirs = [Path(cfg.dir)] if cfg.dir is not None else [cache_dir(cfg.name), *source.extra_dirs]
+    dirs = [data_dir(cfg.name, cfg.dir)] + ([*source.extra_dirs] if cfg.dir is None else [])
     image_path, label_path = locate(dirs, split) or _fetch(cfg, source, dirs, split)
     images, labels = read_idx(image_path), read_idx(label_path)
     if images.ndim != 3 or images.dtype != np.uint8:
