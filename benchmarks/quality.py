@@ -50,6 +50,7 @@ from palomino.runs.embedded import train_embedded
 from palomino.runs.filter_rule import FilterRule
 from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
+from palomino.scoring.extractors import ensemble_features
 
 ROOT = Path(__file__).resolve().parent.parent
 MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
@@ -224,7 +225,8 @@ def run_grid(config: ExperimentConfig, train: Dataset, out: Path) -> tuple[RunDi
     torch.set_num_threads(2)
     run = RunDirectory.create(out, config)
     start = time.perf_counter()
-    outcome = asyncio.run(train_embedded(config, run, train))
+    features = ensemble_features(config, train.kind, config.device)
+    outcome = asyncio.run(train_embedded(config, run, train, ensemble_features=features))
     if not outcome.finished:
         raise RuntimeError(f"{run.path}: training did not finish")
     return run, time.perf_counter() - start

@@ -153,6 +153,11 @@ async def _train_until_done(
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupt)
     loop.add_signal_handler(signal.SIGTERM, interrupt)
+    features = None
+    if dataset.kind == "image" and cfg.grid_ensemble:  # (palomino.scoring loads torchmetrics: only then)
+        from palomino.scoring.extractors import ensemble_features
+
+        features = ensemble_features(cfg, dataset.kind, cfg.device)
     return await train_embedded(
         cfg,
         run,
@@ -161,6 +166,7 @@ async def _train_until_done(
         stop=stop,
         on_metrics=on_metrics,
         on_restored=lambda done: progress.update(task, completed=done),
+        ensemble_features=features,
     )
 
 
