@@ -313,9 +313,25 @@ def test_moore_neighbourhood(ring: Dataset) -> None:
         assert len(rs[0]["mixture"]) == 9 and len(rs[0]["neighbours"]) == 8
 
 
-@pytest.mark.parametrize("mode", ["best", "worst"])
-def test_fitness_modes(ring: Dataset, mode: str) -> None:
-    run_grid(config(grid={"rows": 1, "cols": 2}, training={"fitness": {"mode": mode, "sample_size": 32}}), ring, 1)
+def test_fitness_modes(ring: Dataset) -> None:
+    """An individual's fitness is its loss against each opponent in the neighbourhood, taken as
+    training.fitness.mode says: best the lowest, worst the highest, average their mean."""
+
+    def fitness_after_selection(mode: str) -> tuple[float, float]:
+        cfg = config(grid={"rows": 1, "cols": 2}, training={"fitness": {"mode": mode, "sample_size": 32}})
+        neighbour = make_cell(cfg, ring, (0, 1)).snapshot()
+        cell = make_cell(cfg, ring)  # the same seed in every mode: the same networks, draws and losses
+        cell.select({Coord(0, 1): copy_of(neighbour)})
+        return cell.generators.best.fitness, cell.discriminators.best.fitness
+
+    by_mode = {mode: fitness_after_selection(mode) for mode in ("best", "worst", "average")}
+    for role in (0, 1):  # the generator (against 2 discriminators), the discriminator (against 2 generators)
+        best, worst, average = (by_mode[mode][role] for mode in ("best", "worst", "average"))
+        assert math.isfinite(best) and best < worst, by_mode  # its own opponent's loss and the neighbour's differ
+        assert average == pytest.approx((best + worst) / 2, rel=1e-5), by_mode  # two losses: the mean is halfway
+    # And a grid trains in each mode.
+    for mode in ("best", "worst"):
+        run_grid(config(grid={"rows": 1, "cols": 2}, training={"fitness": {"mode": mode, "sample_size": 32}}), ring, 1)
 
 
 def test_snapshot_fitness_is_finite_before_any_iteration(ring: Dataset) -> None:

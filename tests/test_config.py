@@ -234,6 +234,24 @@ def test_the_docs_reference_is_the_schemas() -> None:
     assert reference.rewrite(text) == text, "run: python -m palomino.config.reference --write"
 
 
+def test_the_config_keys_in_architecture_md_exist() -> None:
+    """docs/architecture.md names configuration keys in backticks: each dotted one is a key of the
+    models, and each bare snake_case name is at least a key's last part (write it dotted)."""
+    import re
+
+    from palomino.config import reference
+
+    keys = {e.key for e in reference.entries()}
+    sections = {key.split(".")[0] for key in keys if "." in key}
+    leaves = {key.rsplit(".", 1)[-1] for key in keys}
+    named = re.findall(r"`([^`\n]+)`", (Path(__file__).parents[1] / "docs" / "architecture.md").read_text())
+    dotted = [n for n in named if re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", n) and n.split(".")[0] in sections]
+    bare = [n for n in named if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", n)]
+    assert len(dotted) > 20, dotted  # the page does name its keys
+    assert [n for n in dotted if n not in keys and not any(k.startswith(n + ".") for k in keys)] == []
+    assert [n for n in bare if n not in leaves] == []
+
+
 def test_every_key_is_described_and_every_size_bounded() -> None:
     from palomino.config import reference
 

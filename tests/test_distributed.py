@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import wait_until
 from servers import Servers
 
 from palomino.services.common.client import OrchestratorClient
@@ -249,7 +250,14 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     )
 
 
-def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Stack) -> None:
+def waiting_for_the_orchestrator(stack: Stack, servers: Servers) -> int:
+    """How many messages wait in the stack's orchestrator queue (palomino.orchestrator.<namespace>)."""
+    listed = servers.rabbitmq.ctl("-q", "list_queues", "name", "messages").stdout.split("\n")
+    queue = f"palomino.orchestrator.test-{stack.port}"
+    return sum(int(fields[1]) for fields in map(str.split, listed) if len(fields) == 2 and fields[0] == queue)
+
+
+def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Stack, servers: Servers) -> None:
     # Its experiments lived only in memory: after kill -9 the experiment answered 404 and never ended.
     stack.start(cells=4)
     experiment = stack.client.submit(config(stack.tmp_path))["id"]
@@ -257,7 +265,8 @@ def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Sta
     assert before["state"] == "running"
     stack.processes["orchestrator"].send_signal(signal.SIGKILL)
     stack.processes["orchestrator"].wait()
-    time.sleep(2)  # the cells train on, and their Metrics and Done wait in the durable queue
+    # The cells train on, and their Metrics wait in the durable queue for the next orchestrator.
+    wait_until(lambda: waiting_for_the_orchestrator(stack, servers) >= 4, timeout=60)
     stack.start_orchestrator("orchestrator-2")
     again = stack.client.experiment(experiment)
     assert again["state"] == "running" and again["cells"] == before["cells"], again

@@ -30,3 +30,19 @@ def test_ruff_check_is_clean() -> None:
 def test_ruff_format_is_clean() -> None:
     done = ruff("format", "--no-cache", "--check", ".")
     assert done.returncode == 0, f"`ruff format .` would change these files:\n{done.stdout}{done.stderr}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers several test modules share live in tests/conftest.py or tests/helpers.py: a test module
+    imported by another drags its fixtures and module state along and couples the two."""
+    import re
+
+    tests = REPO / "tests"
+    names = {path.stem for path in tests.glob("test_*.py")}
+    pattern = re.compile(r"^\s*(?:from\s+(\w+)\s+import|import\s+(\w+))", re.MULTILINE)
+    found = {
+        path.name: hits
+        for path in sorted(tests.glob("*.py"))
+        if (hits := sorted({a or b for a, b in pattern.findall(path.read_text())} & names))
+    }
+    assert found == {}, f"test modules importing test modules: {found}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import palomino, tiny
+from conftest import palomino, tiny, wait_until
 from fastapi.testclient import TestClient
 from servers import Servers
 
@@ -106,7 +106,8 @@ def test_a_stalled_consumer_fails_healthz(orchestrator: TestClient, monkeypatch:
     monkeypatch.setattr(api, "STALLED_AFTER", 0.05)
     app_orchestrator = orchestrator.app.state.orchestrator
     with app_orchestrator.control.in_flight:  # a control message whose handler has not returned
-        time.sleep(0.1)
+        # Stalled once it has been in flight longer than STALLED_AFTER: wait for that, however long it takes.
+        wait_until(lambda: orchestrator.get("/healthz").status_code == 503, timeout=10)
         reply = orchestrator.get("/healthz")
         assert reply.status_code == 503 and "stalled" in reply.json()["status"]
     assert orchestrator.get("/healthz").status_code == 200
