@@ -529,7 +529,9 @@ def score(
         help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points).",
     ),
     samples: int | None = typer.Option(
-        None, "--samples", help="Generated samples per mixture (default 10,000 images / 2,500 points)."
+        None,
+        "--samples",
+        help="Generated samples per mixture (default by kind of data: scoring.samples in docs/configuration.md).",
     ),
     extractor: Literal["classifier", "inception"] | None = typer.Option(
         None, "--extractor", help="Feature extractor (default: classifier)."
@@ -544,7 +546,9 @@ def score(
         None, "--cache-dir", help="Real-statistics cache (else PALOMINO_CACHE_DIR, else ~/.cache/palomino)."
     ),
     real_samples: int | None = typer.Option(
-        None, "--real-samples", help="Real images behind the real statistics (default 10,000; 0 = all)."
+        None,
+        "--real-samples",
+        help="Real images behind the real statistics (default: docs/scoring.md; 0 = all).",
     ),
     data_dir: Path | None = typer.Option(
         None, "--data-dir", help="Where the run's real data is, if not where its config says."

@@ -427,6 +427,10 @@ class DistributedConfig(_Strict):
     )
 
 
+SCORE_SAMPLES = {"image": 10_000, "points": 2_500}  # generated samples per scored mixture, when not given
+REAL_SCORE_SAMPLES = 10_000  # real images behind a scoring's real statistics, when not given
+
+
 class MixtureScoring(_Strict):
     """What a scoring computes: an experiment's `scoring:` section and the scorer's options share it."""
 
@@ -437,7 +441,8 @@ class MixtureScoring(_Strict):
         None,
         ge=2,
         le=1_000_000,
-        description="generated samples per mixture; none: 10,000 images or 2,500 points",
+        description=f"generated samples per mixture; none: {SCORE_SAMPLES['image']:,} images or "
+        f"{SCORE_SAMPLES['points']:,} points",
         json_schema_extra={"cost": "generated samples per scored mixture"},
     )
     extractor: Literal["classifier", "inception"] = Field(

@@ -7,12 +7,11 @@ from typing import Any, get_args
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from palomino.config.models import MetricName, MixtureScoring, ScoringConfig
+from palomino.config.models import REAL_SCORE_SAMPLES, SCORE_SAMPLES, MetricName, MixtureScoring, ScoringConfig
 from palomino.errors import ConfigError, describe_validation
 
 METRICS: tuple[str, ...] = get_args(MetricName)
 DEFAULT_METRICS = {"image": ["fid", "is", "kid", "tvd"], "points": ["modes"]}
-DEFAULT_SAMPLES = {"image": 10_000, "points": 2_500}
 
 
 class ScoringOptions(MixtureScoring):
@@ -24,7 +23,7 @@ class ScoringOptions(MixtureScoring):
         None, description="None: $PALOMINO_INCEPTION_WEIGHTS, else torchvision's hub cache"
     )
     cache_dir: Path | None = Field(None, description="None: $PALOMINO_CACHE_DIR, else ~/.cache/palomino")
-    real_samples: int = Field(10_000, ge=0, description="real images behind the real statistics; 0 = all")
+    real_samples: int = Field(REAL_SCORE_SAMPLES, ge=0, description="real images behind the real statistics; 0 = all")
     seed: int = Field(0, ge=0, description="seeds the generated samples and KID's / IS's subsets")
     batch_size: int = Field(500, ge=1)
     is_splits: int = Field(10, ge=1, description="Inception Score splits")
@@ -47,7 +46,7 @@ class ScoringOptions(MixtureScoring):
         return list(self.metrics) if self.metrics else list(DEFAULT_METRICS[kind])
 
     def samples_for(self, kind: str) -> int:
-        return self.samples or DEFAULT_SAMPLES[kind]
+        return self.samples or SCORE_SAMPLES[kind]
 
 
 def parse_metrics(text: str | None) -> list[str] | None:
