@@ -194,3 +194,38 @@ def test_palominos_modules_import_each_other_in_no_circle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+# The library's packages from the bottom up: each may import only those below it (README's layout).
+# An import running up a layer (runs → scoring once did) fails here with the pair named.
+LAYERS = [
+    ("palomino.errors", "palomino.cache", "palomino.io"),
+    ("palomino.grid",),
+    ("palomino.config",),
+    ("palomino.wire", "palomino.data", "palomino.nn"),
+    ("palomino.transport", "palomino.coevolution"),
+    ("palomino.runs",),
+    ("palomino.scoring",),
+    ("palomino.services",),
+    ("palomino.cli", "palomino.__main__"),
+]
+
+
+def layer_of(module: str) -> int:
+    for depth, names in enumerate(LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return depth
+    return -1 if module == "palomino" else len(LAYERS)
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    graph = import_graph()
+    unplaced = sorted(m for m in graph if layer_of(m) == len(LAYERS))
+    assert not unplaced, f"place these in LAYERS: {unplaced}"
+    upward = [
+        f"{module} → {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target) > layer_of(module)
+    ]
+    assert not upward, "imports running up a layer: " + "; ".join(sorted(upward))
