@@ -24,6 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from palomino.endpoints import DASHBOARD_PORT, ORCHESTRATOR_PORT, ORCHESTRATOR_URL
 from palomino.errors import ConfigError, PalominoError, describe_validation
 
 if TYPE_CHECKING:  # torch-heavy: the service commands start without them
@@ -308,7 +309,7 @@ ORCH = typer.Option(
     "--orchestrator",
     envvar="PALOMINO_ORCHESTRATOR_URL",
     show_envvar=True,
-    help="Orchestrator URL (default: http://127.0.0.1:8000).",
+    help=f"Orchestrator URL (default: {ORCHESTRATOR_URL}).",
 )
 
 
@@ -361,7 +362,9 @@ def orchestrator(
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to serve on; anything but loopback needs PALOMINO_ORCHESTRATOR_TOKEN."
     ),
-    port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port of the API (0: any free one)."),
+    port: int = typer.Option(
+        ORCHESTRATOR_PORT, "--port", min=0, max=65535, help="HTTP port of the API (0: any free one)."
+    ),
 ) -> None:
     """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
     import uvicorn
@@ -507,7 +510,7 @@ def dashboard(
         "127.0.0.1", "--host", help="0.0.0.0 to serve other machines (set PALOMINO_DASHBOARD_TOKEN then)."
     ),
     port: int = typer.Option(
-        8080, "--port", min=0, max=65535, help="HTTP port of the page and its API (0: any free one)."
+        DASHBOARD_PORT, "--port", min=0, max=65535, help="HTTP port of the page and its API (0: any free one)."
     ),
 ) -> None:
     """The dashboard: live heat maps of the grid in the browser (read-only)."""

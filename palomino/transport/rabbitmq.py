@@ -26,6 +26,7 @@ from aio_pika.abc import (
 )
 from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
 
+from palomino.endpoints import BROKER_URL
 from palomino.errors import SnapshotError, TransportError
 from palomino.grid import Coord
 from palomino.transport.guard import Guard, describe_rejection
@@ -123,7 +124,7 @@ async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
         cause = str(error) or type(error).__name__
         raise TransportError(
             f"cannot connect to RabbitMQ at {redact(url)}: {cause} "
-            "(check --broker / PALOMINO_BROKER_URL, e.g. amqp://guest:guest@127.0.0.1:5672/)"
+            f"(check --broker / PALOMINO_BROKER_URL, e.g. {BROKER_URL})"
         ) from None
 
 

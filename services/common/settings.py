@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from palomino.endpoints import BROKER_URL, ORCHESTRATOR_URL, REDIS_URL
 from palomino.services.common.auth import check_token
 from palomino.transport.signing import MessageKey
 
@@ -12,9 +13,9 @@ from palomino.transport.signing import MessageKey
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PALOMINO_", extra="ignore")
 
-    broker_url: str = "amqp://guest:guest@127.0.0.1:5672/"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    orchestrator_url: str = "http://127.0.0.1:8000"
+    broker_url: str = BROKER_URL
+    redis_url: str = REDIS_URL
+    orchestrator_url: str = ORCHESTRATOR_URL
     # Several stacks on one broker (e.g. two `palomino up` at once) keep apart by namespace:
     # each has its own orchestrator queue and score queue. Empty: the shared default names.
     namespace: str = Field("", pattern=r"^[A-Za-z0-9_-]{0,64}$")  # no dots: queue names stay unambiguous

@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from palomino.endpoints import DASHBOARD_PORT
 from palomino.errors import ConfigError
 from palomino.services.common.runfiles import RunsFolder
 from palomino.services.dashboard.app import create_app
@@ -77,7 +78,7 @@ def _config(app: FastAPI) -> uvicorn.Config:
     return uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
 
 
-def serve(settings: DashboardSettings, host: str = "127.0.0.1", port: int = 8080, on_ready=None) -> None:
+def serve(settings: DashboardSettings, host: str = "127.0.0.1", port: int = DASHBOARD_PORT, on_ready=None) -> None:
     """`palomino dashboard`: serve until interrupted."""
     runs = settings.dashboard_runs
     if runs is not None and not runs.is_dir():

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from palomino.endpoints import BROKER_URL, ORCHESTRATOR_URL
 from palomino.errors import ConfigError, describe_validation
 from palomino.services.common.auth import check_token
 
@@ -32,14 +33,14 @@ class DashboardSettings(BaseSettings):
     @classmethod
     def _http(cls, url: str | None) -> str | None:
         if url and urlsplit(url).scheme not in ("http", "https"):
-            raise ValueError(f"{url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+            raise ValueError(f"{url!r} is not an http(s) URL (e.g. {ORCHESTRATOR_URL})")
         return url.rstrip("/") if url else None
 
     @field_validator("broker_url")
     @classmethod
     def _amqp(cls, url: str | None) -> str | None:
         if url and urlsplit(url).scheme not in ("amqp", "amqps"):
-            raise ValueError("not an amqp(s) URL (e.g. amqp://guest:guest@127.0.0.1:5672/)")
+            raise ValueError(f"not an amqp(s) URL (e.g. {BROKER_URL})")
         return url or None
 
     @field_validator("dashboard_token", "orchestrator_token")
