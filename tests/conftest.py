@@ -242,6 +242,20 @@ def redis_url(servers: Servers) -> str:
     return servers.redis_url
 
 
+async def exchange_exists(name: str) -> bool:
+    """Whether the integration tests' broker has this exchange yet (a passive declare)."""
+    import aio_pika
+    from aio_pika.exceptions import ChannelClosed
+
+    connection = await aio_pika.connect(os.environ["PALOMINO_BROKER_URL"])
+    async with connection:
+        try:
+            await (await connection.channel()).get_exchange(name)
+            return True
+        except ChannelClosed:  # NOT_FOUND closes the channel
+            return False
+
+
 async def raw_publish(
     body: bytes | list[bytes], key: str, broker: str | None = None, exchange: str = "palomino.snapshots"
 ) -> None:

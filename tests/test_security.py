@@ -195,7 +195,7 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
     import subprocess
 
     import httpx
-    from conftest import cli_command, cli_env, raw_publish, write_yaml
+    from conftest import cli_command, cli_env, exchange_exists, raw_publish, wait_until_async, write_yaml
 
     from palomino.grid import Coord
     from palomino.services.local import free_port, stop_processes
@@ -246,6 +246,8 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
             (EVENTS_EXCHANGE, f"exp.{experiment}.metrics"),
             ("", score_queue_name(namespace)),
         ]
+        for exchange in {e for e, _ in targets if e}:  # the cells declare theirs as they start
+            asyncio.run(wait_until_async(lambda name=exchange: exchange_exists(name), timeout=120))
         for exchange, key in targets:  # events are bare JSON; everything else is framed
             one = nested[8:] if exchange == EVENTS_EXCHANGE else nested
             asyncio.run(raw_publish([one] * 10, key, exchange=exchange))
