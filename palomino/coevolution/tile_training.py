@@ -169,9 +169,7 @@ class _Lockstep:
     """Lanes with one batch size, stepped together."""
 
     def __init__(self, lanes: list[Lane]) -> None:
-        self.lanes = lanes
         self.config = lanes[0].training.config
-        self.batch = lanes[0].batch_size
         self.g = _Role.of([lane.generators for lane in lanes])
         self.d = _Role.of([lane.discriminators for lane in lanes])
         self.scales = [decay_factor(self.config.decay, lane.iteration / self.config.iterations) for lane in lanes]
