@@ -1,9 +1,12 @@
 """The small CNN that scores image GANs offline: its penultimate layer feeds FID/KID, its logits IS and TVD.
 
-Trained by `palomino classifier train` on the training split and tested on the test split; where
-only the test split exists (the offline MNIST copy) it trains on a seeded part of it and is tested
-on the rest (`holdout`, 2,000 of 10,000 by default). Saved as FILE.safetensors (weights) plus
-FILE.json (dataset, classes, image shape, architecture, accuracy, split, SHA-256 of the weights).
+Two architectures (`arch`): `cnn`, Palomino's own (the default), and `lipizzaner`, Lipizzaner's MNIST
+CNN (palomino.scoring.lipizzaner), whose 10 logits are its features, so FIDs sit beside Lipizzaner's
+published ones. Trained by `palomino classifier train` on the training split and tested on the test
+split; where only the test split exists (the offline MNIST copy) it trains on a seeded part of it and
+is tested on the rest (`holdout`, 2,000 of 10,000 by default). `palomino classifier import` takes
+weights trained elsewhere (Lipizzaner's own classifier) instead. Saved as FILE.safetensors (weights)
+plus FILE.json (dataset, classes, image shape, architecture, accuracy, split, SHA-256 of the weights).
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from torch import nn
 
@@ -28,10 +32,14 @@ from palomino.data import Dataset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
 from palomino.io import atomic_write
 from palomino.runs.checkpoints import encode_tensors
+from palomino.scoring.lipizzaner import ARCH as LIPIZZANER
+from palomino.scoring.lipizzaner import IMAGE_SHAPE as LIPIZZANER_SHAPE
+from palomino.scoring.lipizzaner import LipizzanerNet
 
 log = logging.getLogger(__name__)
 FORMAT = 1
 KIND = "palomino-classifier"
+ARCHITECTURES = ("cnn", LIPIZZANER)
 
 
 class ClassifierNet(nn.Module):
@@ -86,10 +94,32 @@ def adapt_images(images: torch.Tensor, shape: tuple[int, int, int]) -> torch.Ten
     return images
 
 
+def build_net(architecture: Mapping[str, Any], image_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """The untrained network an `architecture` description names (no "name": `cnn`, the files before `lipizzaner`)."""
+    name = architecture.get("name", "cnn")
+    if name == LIPIZZANER:
+        return LipizzanerNet(image_shape[0], classes)
+    if name == "cnn":
+        return ClassifierNet(image_shape[0], classes, tuple(architecture["widths"]), architecture["features"])
+    raise ValueError(f"unknown classifier architecture {name!r}; known: {', '.join(ARCHITECTURES)}")
+
+
+def architecture_of(arch: str) -> dict[str, Any]:
+    if arch == LIPIZZANER:
+        return {"name": LIPIZZANER, "features": "logits"}
+    if arch == "cnn":
+        return {"name": "cnn", "widths": [32, 64, 128], "features": 128}
+    raise ConfigError(f"--arch {arch}: unknown; use one of {', '.join(ARCHITECTURES)}")
+
+
 @dataclass
 class TrainedClassifier:
-    net: ClassifierNet
+    net: nn.Module  # ClassifierNet or LipizzanerNet: features_and_logits(images in [0, 1]), num_features
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def arch(self) -> str:
+        return str(self.meta.get("architecture", {}).get("name", "cnn"))
 
     @property
     def accuracy(self) -> float:
@@ -178,16 +208,16 @@ def default_epochs(n_train: int) -> int:
 
 
 def _fit(
-    net: ClassifierNet,
-    train: Dataset,
+    net: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
     epochs: int,
     batch_size: int,
     learning_rate: float,
     generator: torch.Generator,
     on_epoch: Callable[[int, int, float], None] | None,
-) -> ClassifierNet:
-    """AdamW with a one-cycle schedule on randomly shifted images; returns the net in eval mode."""
-    images = train.to_data_space(train.samples)
+) -> nn.Module:
+    """AdamW with a one-cycle schedule on randomly shifted `images` (in [0, 1]); returns the net in eval mode."""
     optimizer = torch.optim.AdamW(net.parameters(), lr=learning_rate, weight_decay=5e-4)
     steps = epochs * math.ceil(len(images) / batch_size)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps)
@@ -197,7 +227,7 @@ def _fit(
         total = 0.0
         for i in range(0, len(images), batch_size):
             index = order[i : i + batch_size]
-            loss = F.cross_entropy(net(_shift(images[index], 2, generator)), train.labels[index])
+            loss = F.cross_entropy(net(_shift(images[index], 2, generator)), labels[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -218,13 +248,16 @@ def train_classifier(
     test_size: int = 0,
     batch_size: int = 128,
     learning_rate: float = 3e-3,
+    arch: str = "cnn",
     on_epoch: Callable[[int, int, float], None] | None = None,
 ) -> TrainedClassifier:
     """Train the CNN on `data` (a DataConfig of an image dataset with labels); seeded, CPU.
 
+    `arch`: `cnn` or `lipizzaner` (Lipizzaner's MNIST CNN: other images are first adapted to 1 × 28 × 28).
     `train_size` / `test_size` keep a seeded subset (0 = all); `on_epoch(epoch, epochs, loss)` reports progress.
     """
     start = time.perf_counter()
+    architecture = architecture_of(arch)
     split = classifier_split(data, holdout, seed)
     train, test = split.train, split.test
     if train.kind != "image" or train.labels is None:
@@ -241,11 +274,18 @@ def train_classifier(
     class_names = train.class_names or tuple(str(c) for c in range(classes))
     epochs = epochs or default_epochs(len(train))
 
-    shape = train.sample_shape
+    shape = LIPIZZANER_SHAPE if arch == LIPIZZANER else train.sample_shape
     with torch.random.fork_rng(devices=[]):  # seeded initial weights and dropout, the caller's generator untouched
         torch.manual_seed(seed)
         net = _fit(
-            ClassifierNet(shape[0], len(class_names)), train, epochs, batch_size, learning_rate, generator, on_epoch
+            build_net(architecture, shape, len(class_names)),
+            adapt_images(train.to_data_space(train.samples), shape),
+            train.labels,
+            epochs,
+            batch_size,
+            learning_rate,
+            generator,
+            on_epoch,
         )
     meta = {
         "format": FORMAT,
@@ -253,8 +293,8 @@ def train_classifier(
         "dataset": train.name,
         "classes": list(class_names),
         "image_shape": list(shape),
-        "architecture": {"widths": [32, 64, 128], "features": net.num_features},
-        "accuracy": accuracy(net, test.to_data_space(test.samples), test.labels),
+        "architecture": architecture,
+        "accuracy": accuracy(net, adapt_images(test.to_data_space(test.samples), shape), test.labels),
         "train_size": len(train),
         "test_size": len(test),
         "split": split.description,
@@ -284,8 +324,39 @@ def save_classifier(trained: TrainedClassifier, path: Path) -> Path:
     return path
 
 
+def describe(architecture: Mapping[str, Any]) -> str:
+    name = architecture.get("name", "cnn")
+    if name == LIPIZZANER:
+        return "Lipizzaner's MNIST CNN"
+    return f"the {name} classifier its JSON describes"
+
+
+def check_weights(
+    net: nn.Module, tensors: Mapping[str, torch.Tensor], source: Path, what: str
+) -> dict[str, torch.Tensor]:
+    """`tensors` as `net`'s state dict (floats cast to its dtype), or a PalominoError naming `source`
+    and the first tensor that is missing, of the wrong shape or not `net`'s at all."""
+    expected = net.state_dict()
+    for name, want in expected.items():
+        got = tensors.get(name)
+        if got is None:
+            held = ", ".join(sorted(tensors)) or "no tensors"
+            raise PalominoError(
+                f"{source}: no tensor {name} of shape {tuple(want.shape)}, which {what} needs (the file holds {held})"
+            )
+        if tuple(got.shape) != tuple(want.shape) or got.is_floating_point() != want.is_floating_point():
+            raise PalominoError(
+                f"{source}: tensor {name} is {got.dtype} of shape {tuple(got.shape)}, but {what} needs "
+                f"{want.dtype} of shape {tuple(want.shape)}"
+            )
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise PalominoError(f"{source}: tensor {extra[0]} is not one of {what}'s ({', '.join(expected)})")
+    return {name: tensors[name].to(want.dtype) for name, want in expected.items()}
+
+
 def load_classifier(path: Path, device: str = "cpu") -> TrainedClassifier:
-    """Load and verify a classifier saved by `save_classifier` (checksum, architecture, metadata)."""
+    """Load and verify a classifier saved by `save_classifier` (checksum, architecture, every tensor's shape)."""
     path = Path(path)
     retrain = f"train one: palomino classifier train --data mnist --data-dir DIR --out {path}"
     try:
@@ -302,13 +373,65 @@ def load_classifier(path: Path, device: str = "cpu") -> TrainedClassifier:
             f"classifier {path}: the weights do not match the SHA-256 in {sidecar(path)} (corrupt or replaced); {retrain}"
         )
     architecture = meta["architecture"]
-    net = ClassifierNet(
-        meta["image_shape"][0], len(meta["classes"]), tuple(architecture["widths"]), architecture["features"]
-    )
     try:
-        net.load_state_dict(load_tensors(payload))
-    except (RuntimeError, ValueError) as error:
-        raise PalominoError(
-            f"classifier {path}: weights do not fit the described network ({error}); {retrain}"
-        ) from None
+        net = build_net(architecture, tuple(meta["image_shape"]), len(meta["classes"]))
+        tensors = load_tensors(payload)
+    except (KeyError, TypeError, ValueError, SafetensorError) as error:
+        raise PalominoError(f"classifier {path}: does not describe a network ({error}); {retrain}") from None
+    net.load_state_dict(check_weights(net, tensors, path, describe(architecture)))
     return TrainedClassifier(net.to(device).eval(), meta)
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file, or of a PyTorch state dict (.pt, .pth, .pkl) read with
+    torch.load(weights_only=True): nothing is ever unpickled beyond tensors and plain containers."""
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            return load_tensors(path.read_bytes())
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise PalominoError(f"--weights {path}: no such file") from None
+    except Exception as error:  # noqa: BLE001 — safetensors', torch's and the unpickler's own errors
+        raise PalominoError(f"--weights {path}: not a safetensors file or a PyTorch state dict ({error})") from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PalominoError(f"--weights {path}: not a state dict (a mapping of names to tensors)")
+    return dict(state)
+
+
+def import_classifier(
+    weights: Path, data: DataConfig, *, holdout: int = 2000, test_size: int = 0, seed: int = 0
+) -> TrainedClassifier:
+    """Lipizzaner's MNIST CNN with weights trained elsewhere (Lipizzaner's own classifier, as safetensors
+    or a PyTorch state dict), every tensor's shape checked, and its accuracy measured on `data`'s test
+    split (as `train_classifier` splits it): a wrong dataset or input range shows there."""
+    start = time.perf_counter()
+    weights = Path(weights)
+    tensors = read_weights(weights)
+    test = classifier_split(data, holdout, seed).test
+    if test.kind != "image" or test.labels is None:
+        raise ConfigError(f"--data {data.name}: the classifier needs labelled images")
+    if test_size:
+        test = _subset(test, torch.randperm(len(test), generator=torch.Generator().manual_seed(seed))[:test_size])
+    classes = test.class_names or tuple(str(c) for c in range(int(test.labels.max()) + 1))
+    architecture = architecture_of(LIPIZZANER)
+    net = build_net(architecture, LIPIZZANER_SHAPE, len(classes))
+    net.load_state_dict(check_weights(net, tensors, weights, describe(architecture)))
+    meta = {
+        "format": FORMAT,
+        "kind": KIND,
+        "dataset": test.name,
+        "classes": list(classes),
+        "image_shape": list(LIPIZZANER_SHAPE),
+        "architecture": architecture,
+        "accuracy": accuracy(net, adapt_images(test.to_data_space(test.samples), LIPIZZANER_SHAPE), test.labels),
+        "train_size": None,
+        "test_size": len(test),
+        "split": f"imported from {weights.name} (trained elsewhere); tested on {len(test)} test images",
+        "imported_from": {"file": str(weights), "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()},
+        "epochs": None,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - start, 1),
+        "torch": torch.__version__,
+    }
+    return TrainedClassifier(net.eval(), meta)
