@@ -37,7 +37,7 @@ from palomino.config import parse_config
 from palomino.grid import Topology
 from palomino.runs.directory import RunDirectory
 from palomino.services.local import free_port
-from palomino.transport.control import ControlChannel
+from palomino.transport.control_channel import ControlChannel
 
 BROKER = os.environ.get("PALOMINO_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
 TICK = os.sysconf("SC_CLK_TCK")

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, FrechetScore
-from palomino.coevolution.mixture import MixtureScore
+from palomino.coevolution.ensemble_search import FINE_BANDWIDTH_FACTORS, FrechetScore
+from palomino.coevolution.mixture_weights import MixtureScore
 from palomino.coevolution.schedule import decay_factor
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
@@ -152,7 +152,7 @@ class Referee:
         if self.extractor is None:
             coverage = mode_coverage(samples, self.train.modes, self.train.mode_std)
             return {"modes": coverage.covered, "hq": coverage.high_quality}
-        from palomino.coevolution.ensemble import frechet_distance
+        from palomino.coevolution.ensemble_search import frechet_distance
 
         features, logits = self.extractor.extract(((samples + 1) / 2).clamp(0, 1))
         real_features, real_logits = self.real
@@ -383,10 +383,10 @@ class Baseline:
         if self.config.training.ensemble.critic == "own":
             own = own_data or [self.train] * len(generators)
             thresholds = [CriticFilter.calibrate([c], real(d), quantile).threshold for c, d in zip(critics, own)]
-            mixture.adopt(FilterRule(rule="own", thresholds=thresholds, quantile=quantile))
+            mixture.use_filter(FilterRule(rule="own", thresholds=thresholds, quantile=quantile))
         else:
             threshold = CriticFilter.calibrate(critics, real(self.train), quantile).threshold
-            mixture.adopt(FilterRule(threshold=threshold, quantile=quantile))
+            mixture.use_filter(FilterRule(threshold=threshold, quantile=quantile))
         return mixture.sample(self.n, seed=self.seed + 100, data_space=False)
 
 

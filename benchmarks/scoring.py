@@ -30,7 +30,7 @@ from palomino.errors import PalominoError
 from palomino.scoring.classifier import save_classifier, train_classifier
 from palomino.scoring.extractors import FeatureExtractor, build_extractor
 from palomino.scoring.metrics import SharedPass, fid_metric
-from palomino.scoring.reference import RealStatistics
+from palomino.scoring.real_statistics import RealStatistics
 
 
 def timed(work, repeats: int) -> float:

@@ -268,7 +268,7 @@ def _settings(
     from pydantic import ValidationError
 
     from palomino.services.common.auth import refuse_placeholder_passwords
-    from palomino.services.common.settings import ServiceSettings
+    from palomino.services.common.service_settings import ServiceSettings
 
     try:
         settings = ServiceSettings().with_flags(broker_url=broker, redis_url=redis, orchestrator_url=orchestrator)
@@ -371,7 +371,7 @@ def orchestrator(
 
     from palomino.services.common.auth import is_loopback
     from palomino.services.orchestrator.api import create_app
-    from palomino.services.orchestrator.service import preflight
+    from palomino.services.orchestrator.orchestrator import preflight
 
     settings = _settings(broker, redis)
     if settings.token is None and not is_loopback(host):
@@ -488,7 +488,7 @@ def scorer(
     broker: str | None = BROKER, name: str | None = typer.Option(None, "--name", help="Default: host-pid.")
 ) -> None:
     """A scorer: takes score jobs from the queue `palomino.score`, publishes the scores as events."""
-    from palomino.services.scorer.service import Scorer
+    from palomino.services.scorer.scorer import Scorer
 
     _serve(Scorer(_settings(broker), name))
 

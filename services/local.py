@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from palomino.errors import PalominoError
 from palomino.runs.directory import RunDirectory
 from palomino.services.common.client import OrchestratorClient
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 
 
 def free_port() -> int:

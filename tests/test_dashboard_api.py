@@ -211,7 +211,7 @@ def orchestrator_app_holding(run: Path):
     """The orchestrator's real HTTP app holding `run` as one of its experiments (not started: no broker needed)."""
     from palomino.config import load_config
     from palomino.runs.directory import RunDirectory
-    from palomino.services.common.settings import ServiceSettings
+    from palomino.services.common.service_settings import ServiceSettings
     from palomino.services.orchestrator.api import create_app as orchestrator_app
     from palomino.services.orchestrator.experiment import Experiment
 

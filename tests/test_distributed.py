@@ -194,7 +194,7 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     scores = json.loads((run_dir / "scores.json").read_text())
     assert set(scores["cells"]) == {"0-0", "0-1", "1-0", "1-1"} and scores["best"]["metrics"]["modes"]["modes"] == 8
     assert "best mixture: modes" in result.stderr
-    # The scorer optimised the whole grid's ensemble; the orchestrator adopted its weights into result/.
+    # The scorer optimised the whole grid's ensemble; the orchestrator accepted its weights into result/.
     mixture = json.loads((run_dir / "result/mixture.json").read_text())
     assert mixture["cell"] == "grid" and mixture["components"] == ["0-0", "0-1", "1-0", "1-1"]
     assert mixture["weights"] == pytest.approx(mixture["ensemble"]["weights"]) and sum(
@@ -273,7 +273,7 @@ def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Sta
     final = stack.client.wait(experiment, timeout=240)
     assert final["state"] == "finished" and final["failures"] == [], final
     check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
-    assert "re-adopted" in stack.log("orchestrator-2")
+    assert "reloaded" in stack.log("orchestrator-2")
 
 
 def test_a_killed_cell_shrinks_the_grid(stack: Stack) -> None:

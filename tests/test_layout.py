@@ -38,6 +38,23 @@ def test_every_package_folder_is_installed() -> None:
     )
 
 
+# Package markers and entry points are meant to repeat; every other module's name says what it holds,
+# once (wire/control_messages.py vs transport/control_channel.py, not two control.py).
+REPEATABLE = {"__init__.py", "__main__.py", "conftest.py"}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    found: dict[str, list[str]] = {}
+    for root in ("palomino", "services", "benchmarks", "scripts"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            if path.name not in REPEATABLE:
+                found.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in sorted(found.items()) if len(paths) > 1}
+    assert not shared, "modules sharing a name (rename one to say what it holds): " + "; ".join(
+        " & ".join(paths) for paths in shared.values()
+    )
+
+
 @pytest.mark.parametrize("name", SERVICES)
 def test_each_service_has_its_code_dockerfile_and_readme(name: str) -> None:
     folder = REPO / "services" / name
@@ -179,7 +196,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_palominos_modules_import_each_other_in_no_circle() -> None:
     graph = import_graph()
-    assert {"palomino.runs.result", "palomino.services.scorer.service"} <= set(graph)  # what it walks
+    assert {"palomino.runs.result", "palomino.services.scorer.scorer"} <= set(graph)  # what it walks
     assert "palomino.runs.mixture" in graph["palomino.runs.finish"]
     state: dict[str, str] = {}  # module → "open" (on the path walked now) or "done"
 

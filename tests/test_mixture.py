@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from palomino.coevolution.mixture import MixtureScore, evolve_weights, propose
+from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights, propose
 
 BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # the documented kernel: Gaussians at these multiples of the median distance
 
@@ -201,7 +201,7 @@ def test_the_grid_ensemble_of_images_is_scored_on_the_features_passed_in_else_on
 
     from palomino.config import parse_config
     from palomino.data import Dataset
-    from palomino.runs.ensemble import grid_ensemble
+    from palomino.runs.grid_ensemble import grid_ensemble
     from palomino.scoring.extractors import ensemble_features
 
     config = parse_config(tiny(network={"latent_dim": 16}, training={"ensemble": {"es_steps": 20}}))

@@ -11,10 +11,10 @@ from pathlib import Path
 from palomino.config.models import ExperimentConfig
 from palomino.grid import Coord, Topology
 from palomino.runs.directory import RunDirectory
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, Worker
-from palomino.services.orchestrator.service import Orchestrator
-from palomino.wire.control import Done, Resize
+from palomino.services.orchestrator.orchestrator import Orchestrator
+from palomino.wire.control_messages import Done, Resize
 
 
 class RecordingControl:
@@ -151,7 +151,7 @@ def test_a_result_moved_by_a_shrink_still_gives_its_own_generator_to_the_grid_en
 def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scratch(tmp_path: Path) -> None:
     # It failed the whole experiment: a forged or wrong-architecture checkpoint (valid checksum).
     from palomino.runs.checkpoints import write_checkpoint_bytes
-    from palomino.wire.control import Assign, Failed
+    from palomino.wire.control_messages import Assign, Failed
 
     orchestrator, experiment = running_2x2(tmp_path)
 
@@ -185,7 +185,7 @@ def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scra
 
 
 def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: Path) -> None:
-    from palomino.wire.control import Checkpoint, Metrics, Samples
+    from palomino.wire.control_messages import Checkpoint, Metrics, Samples
 
     orchestrator, experiment = running_2x2(tmp_path)
     forged = [
@@ -211,7 +211,7 @@ def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: P
     assert not (experiment.run.path / "checkpoints").exists() and not experiment.run.real_samples_path.exists()
 
 
-def test_an_experiment_is_re_adopted_from_what_it_saved(tmp_path: Path) -> None:
+def test_an_experiment_is_reloaded_from_what_it_saved(tmp_path: Path) -> None:
     import json
 
     from palomino.grid.partition import partition_grid
@@ -230,7 +230,7 @@ def test_an_experiment_is_re_adopted_from_what_it_saved(tmp_path: Path) -> None:
     experiment.persist()
 
     [(run_dir, saved)] = list(read_states(tmp_path))
-    again = Experiment.readopt(run_dir, json.loads(json.dumps(saved)))
+    again = Experiment.from_saved(run_dir, json.loads(json.dumps(saved)))
     assert (again.id, again.state, again.cells, again.failures) == (
         run_dir.name,
         "running",

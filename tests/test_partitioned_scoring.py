@@ -214,8 +214,8 @@ def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tupl
     serial = score_run(run, ScoringOptions(classifier=classifier, samples=300, cache_dir=cache), workers=1)
     assert serial["workers"] == 1 and metrics_of(serial) == metrics_of(report)
     # What the scorer service does with a cell's final (or periodic) job: the same, against the cell's class.
-    from palomino.services.scorer.service import score_job
-    from palomino.wire.score import ScoreJob
+    from palomino.services.scorer.scorer import score_job
+    from palomino.wire.score_messages import ScoreJob
 
     folder = run / "result" / "cells" / "1-0"
     job = ScoreJob(

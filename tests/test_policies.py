@@ -8,8 +8,8 @@ import torch
 from conftest import tiny
 
 from palomino.coevolution import Cell
-from palomino.coevolution.ensemble import FrechetScore, frechet_distance, greedy_forward, optimise_ensemble
-from palomino.coevolution.mixture import MixtureScore
+from palomino.coevolution.ensemble_search import FrechetScore, frechet_distance, greedy_forward, optimise_ensemble
+from palomino.coevolution.mixture_weights import MixtureScore
 from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.selection import generational, neighbourhood_select, replace
 from palomino.config import parse_config

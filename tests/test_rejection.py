@@ -250,7 +250,7 @@ def test_the_grid_ensemble_calibrates_each_cells_own_critic_on_its_own_region() 
     from palomino.config import parse_config
     from palomino.data import load_dataset
     from palomino.grid import Coord, Topology
-    from palomino.runs.ensemble import grid_ensemble
+    from palomino.runs.grid_ensemble import grid_ensemble
 
     config = parse_config(
         tiny(

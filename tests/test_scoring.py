@@ -24,7 +24,7 @@ from palomino.runs import Mixture
 from palomino.scoring import ScoringContext, ScoringOptions, mode_coverage, parse_metrics, score_mixture, score_run
 from palomino.scoring.extractors import build_extractor
 from palomino.scoring.metrics import compute_metrics, fid_metric, inception_score_metric, kid_metric
-from palomino.scoring.reference import RealStatistics
+from palomino.scoring.real_statistics import RealStatistics
 from palomino.scoring.tvd import ClassDistributionTVD, total_variation
 
 

@@ -14,7 +14,7 @@ from conftest import palomino, tiny, wait_until
 from fastapi.testclient import TestClient
 from servers import Servers
 
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.api import MAX_CONFIG_BYTES, create_app
 
 TOKEN = secrets.token_hex(16)
@@ -199,7 +199,7 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
 
     from palomino.grid import Coord
     from palomino.services.local import free_port, stop_processes
-    from palomino.transport.control import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
+    from palomino.transport.control_channel import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
     from palomino.transport.rabbitmq import routing_key
     from palomino.transport.score_queue import score_queue_name
     from palomino.transport.signing import MessageKey
@@ -315,8 +315,8 @@ def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(
 async def test_an_experiments_heartbeat_ttl_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # A worker that once ran an experiment with heartbeat_ttl 0.001 stayed invisible to every later one.
     from palomino.services.cell.worker import IDLE_TTL, CellWorker
-    from palomino.services.common.settings import ServiceSettings
-    from palomino.wire.control import Assign
+    from palomino.services.common.service_settings import ServiceSettings
+    from palomino.wire.control_messages import Assign
 
     worker = CellWorker(ServiceSettings(), "w-ttl")
     seen: list[float] = []

@@ -11,11 +11,11 @@ from conftest import wait_until_async
 
 from palomino.errors import SnapshotError
 from palomino.grid import Coord
-from palomino.transport.control import CONTROL_EXCHANGE, ControlChannel, cell_address
+from palomino.transport.control_channel import CONTROL_EXCHANGE, ControlChannel, cell_address
 from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
 from palomino.transport.signing import HEADER, MessageKey
 from palomino.wire import decode_snapshot, encode_snapshot
-from palomino.wire.control import Stop, encode_control
+from palomino.wire.control_messages import Stop, encode_control
 
 KEY = MessageKey(secrets.token_hex(16))
 
@@ -127,7 +127,7 @@ async def test_the_newest_published_snapshot_counts_only_when_signed(broker_url:
 @pytest.mark.integration
 async def test_a_forged_score_result_is_rejected(broker_url: str) -> None:
     from palomino.transport.score_queue import ScoreQueue, result_key
-    from palomino.wire.score import ScoreResult
+    from palomino.wire.score_messages import ScoreResult
 
     namespace = f"t{secrets.token_hex(4)}"
     queue = await ScoreQueue(broker_url, namespace, key=KEY).connect()

@@ -130,8 +130,8 @@ def nested_body(levels: int = 5000) -> bytes:
 @pytest.mark.integration
 async def test_nested_json_on_the_control_queue_is_rejected_and_the_consumer_goes_on(broker_url: str) -> None:
     # 200 such bodies used to leave 32 unacknowledged (the prefetch window) and stop the queue for good.
-    from palomino.transport.control import CONTROL_EXCHANGE, ControlChannel, orchestrator_address
-    from palomino.wire.control import Register
+    from palomino.transport.control_channel import CONTROL_EXCHANGE, ControlChannel, orchestrator_address
+    from palomino.wire.control_messages import Register
 
     address = orchestrator_address(f"test-{secrets.token_hex(4)}")
     got: list[object] = []
@@ -164,8 +164,8 @@ async def test_nested_json_on_the_snapshot_exchange_is_rejected(experiment: str,
 
 @pytest.mark.integration
 async def test_the_orchestrators_queue_is_capped_and_the_oldest_go_to_the_dead_letters(broker_url: str) -> None:
-    from palomino.transport.control import ControlChannel, orchestrator_address
-    from palomino.wire.control import Register
+    from palomino.transport.control_channel import ControlChannel, orchestrator_address
+    from palomino.wire.control_messages import Register
 
     address = orchestrator_address(f"test-{secrets.token_hex(4)}")
     channel = await ControlChannel(broker_url, address, cap=(5, 1024**2)).connect()
@@ -192,9 +192,9 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(
 ) -> None:
     import aio_pika
 
-    from palomino.transport.control import ControlChannel, orchestrator_address
+    from palomino.transport.control_channel import ControlChannel, orchestrator_address
     from palomino.transport.rabbitmq import DEAD_EXCHANGE
-    from palomino.wire.control import Register
+    from palomino.wire.control_messages import Register
 
     address = orchestrator_address(f"test-{secrets.token_hex(4)}")
     connection = await aio_pika.connect(broker_url)
@@ -223,7 +223,7 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(
 async def test_score_results_stay_in_their_namespace(broker_url: str) -> None:
     # The results queue bound exp.#.score: every stack's orchestrator got every other stack's scores.
     from palomino.transport.score_queue import ScoreQueue
-    from palomino.wire.score import ScoreResult
+    from palomino.wire.score_messages import ScoreResult
 
     tag = secrets.token_hex(4)
     queues = {ns: await ScoreQueue(broker_url, ns).connect() for ns in (f"a{tag}", f"b{tag}", "")}

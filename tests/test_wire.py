@@ -204,9 +204,9 @@ def deeply_nested(levels: int) -> bytes:
 @pytest.mark.parametrize("levels", [65, 5000, 100_000])
 def test_json_nested_too_deep_is_refused_before_parsing(levels: int) -> None:
     # Thousands of levels made json raise RecursionError past every except clause (issue 13 §4).
-    from palomino.wire.control import decode_control
+    from palomino.wire.control_messages import decode_control
     from palomino.wire.frame import LENGTH
-    from palomino.wire.score import decode_result
+    from palomino.wire.score_messages import decode_result
 
     head = deeply_nested(levels)
     body = LENGTH.pack(len(head)) + head

@@ -17,7 +17,7 @@ from palomino.coevolution import cell_state
 from palomino.coevolution.cell_data import CellData, cell_dataset, cell_seed
 from palomino.coevolution.fitness import aggregate, generate, loss_table
 from palomino.coevolution.individual import Individual, Population, Role
-from palomino.coevolution.mixture import MixtureScore, evolve_weights
+from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights
 from palomino.coevolution.networks import NeighbourSlots, Networks
 from palomino.coevolution.selection import neighbourhood_select, replace
 from palomino.coevolution.training import Steps, Training

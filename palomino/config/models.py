@@ -546,7 +546,7 @@ class ExperimentConfig(_Strict):
 
     @property
     def grid_ensemble(self) -> bool:
-        """Whether the result is the whole grid's ensemble (palomino.runs.ensemble): training.ensemble.scope
+        """Whether the result is the whole grid's ensemble (palomino.runs.grid_ensemble): training.ensemble.scope
         grid, except where one mixture cannot hold every cell — conditional and partitioned runs."""
         return self.training.ensemble.scope == "grid" and not self.network.conditional and not self.partitioned
 

@@ -22,8 +22,8 @@ from palomino.data import Dataset
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
-from palomino.runs.ensemble import Features
 from palomino.runs.finish import cell_result, ensemble_result
+from palomino.runs.grid_ensemble import Features
 from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings, run_cell
 from palomino.runs.result import write_class_result, write_result

@@ -1,7 +1,7 @@
 """mixture.json's "filter": how a mixture's samples pass its critics (training.ensemble.critic).
 
 Written by the grid's ensemble and by the scorer (whose rule the orchestrator checks before
-result/ adopts it) and read by `Mixture.load`: one shape for all of them.
+result/ takes it) and read by `Mixture.load`: one shape for all of them.
     {"threshold": t, "quantile": q}                        mean: every critic together
     {"rule": "own", "thresholds": [t per component], ...}  own: each component its own critic
 """

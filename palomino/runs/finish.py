@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from palomino.data import class_counts, class_priors
-from palomino.runs.ensemble import Features, grid_ensemble
+from palomino.runs.grid_ensemble import Features, grid_ensemble
 from palomino.runs.images import picture_of, picture_samples, png_bytes
 from palomino.runs.mixture import Mixture
 from palomino.runs.result import CellResult
@@ -69,7 +69,7 @@ def neighbourhood_mixture(
 def ensemble_result(
     cells: list[Cell], dataset: Dataset, experiment: str, features: Features | None = None
 ) -> CellResult:
-    """The whole grid's ensemble (palomino.runs.ensemble) as result/ holds it: every cell's generator
+    """The whole grid's ensemble (palomino.runs.grid_ensemble) as result/ holds it: every cell's generator
     (those it does not use at weight 0); mixture.json's "ensemble" says how it was chosen and scored.
     `features`: what images are scored on (see grid_ensemble); None: pixels."""
     config = cells[0].config

@@ -107,7 +107,7 @@ class Mixture:
             return FilterRule(threshold=self.threshold, quantile=self.quantile)
         return None
 
-    def adopt(self, rule: FilterRule | None) -> None:
+    def use_filter(self, rule: FilterRule | None) -> None:
         """Sample through `rule` from now on (its critics are this mixture's)."""
         self.threshold = rule.threshold if rule else None
         self.thresholds = rule.thresholds if rule else None
@@ -258,7 +258,7 @@ class Mixture:
             critics,
             list(description.get("critics", [])),
         )
-        mixture.adopt(rule)
+        mixture.use_filter(rule)
         return mixture
 
 

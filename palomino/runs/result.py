@@ -47,7 +47,7 @@ def save_encoded(folder: Path, payload: bytes, description: dict[str, Any]) -> N
 
 def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellResult | None = None) -> CellResult:
     """Rank the cells' neighbourhood mixtures into result/cells/ and ranking.json; result/mixture.*
-    and samples.png hold `ensemble` (the whole grid's, see palomino.runs.ensemble) when given,
+    and samples.png hold `ensemble` (the whole grid's, see palomino.runs.grid_ensemble) when given,
     else the best neighbourhood mixture. Returns what result/ holds.
 
     A partitioned run's results (their mixtures carry a "class") go to `write_class_result`;

@@ -209,7 +209,7 @@ def build_extractor(
 def ensemble_features(
     config: ExperimentConfig, kind: str, device: str | torch.device = "cpu"
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """What the grid's ensemble of an image run is scored on (palomino.runs.ensemble.grid_ensemble's
+    """What the grid's ensemble of an image run is scored on (palomino.runs.grid_ensemble.grid_ensemble's
     `features`): the features of the classifier of `scoring.classifier`, else $PALOMINO_CLASSIFIER,
     for generated images in generator space ([−1, 1]). None for points, or where no classifier is
     configured (the ensemble is then optimised on pixel MMD²)."""

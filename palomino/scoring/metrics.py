@@ -20,7 +20,7 @@ from torchmetrics.image.inception import InceptionScore
 from torchmetrics.image.kid import KernelInceptionDistance
 
 from palomino.scoring.extractors import FeatureExtractor
-from palomino.scoring.reference import RealStatistics
+from palomino.scoring.real_statistics import RealStatistics
 from palomino.scoring.tvd import ClassDistributionTVD, ClassHitRate
 
 IMAGE_METRICS = ("fid", "is", "kid", "tvd")

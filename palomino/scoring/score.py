@@ -33,7 +33,7 @@ from palomino.scoring.extractors import FeatureExtractor, build_extractor, scori
 from palomino.scoring.metrics import IMAGE_METRICS, build_metrics, compute_metrics, update_metrics
 from palomino.scoring.modes import mode_coverage
 from palomino.scoring.options import ScoringOptions
-from palomino.scoring.reference import RealStatistics, reference_statistics
+from palomino.scoring.real_statistics import RealStatistics, reference_statistics
 
 log = logging.getLogger(__name__)
 FORMAT = 1

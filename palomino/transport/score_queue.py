@@ -21,7 +21,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from palomino.transport.control import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
+from palomino.transport.control_channel import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
 from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import (
     InFlight,
@@ -32,7 +32,14 @@ from palomino.transport.rabbitmq import (
     publish_with_retry,
 )
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
-from palomino.wire.score import SCORE_JOB_MAX_BYTES, ScoreJob, ScoreResult, decode_job, decode_result, encode_job
+from palomino.wire.score_messages import (
+    SCORE_JOB_MAX_BYTES,
+    ScoreJob,
+    ScoreResult,
+    decode_job,
+    decode_result,
+    encode_job,
+)
 
 log = logging.getLogger(__name__)
 

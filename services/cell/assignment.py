@@ -20,13 +20,13 @@ from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid, class_grid_at
-from palomino.services.common.settings import ServiceSettings
-from palomino.transport.control import ControlChannel
+from palomino.services.common.service_settings import ServiceSettings
+from palomino.transport.control_channel import ControlChannel
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire import Snapshot
-from palomino.wire.control import Assign, Checkpoint, Done, Metrics, Resize, Samples
-from palomino.wire.score import ScoreJob
+from palomino.wire.control_messages import Assign, Checkpoint, Done, Metrics, Resize, Samples
+from palomino.wire.score_messages import ScoreJob
 
 log = logging.getLogger(__name__)
 

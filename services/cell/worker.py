@@ -14,10 +14,10 @@ from typing import Any
 from palomino.errors import PalominoError
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.cell.assignment import Assignment, Links, RestoreError
-from palomino.services.common.settings import ServiceSettings
-from palomino.transport.control import ControlChannel, cell_address, orchestrator_address
+from palomino.services.common.service_settings import ServiceSettings
+from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
-from palomino.wire.control import Assign, Failed, Register, Resize, Stop
+from palomino.wire.control_messages import Assign, Failed, Register, Resize, Stop
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from palomino.services.common.runfiles import RunsFolder
 from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event, valid_record
-from palomino.transport.control import EVENTS_EXCHANGE
+from palomino.transport.control_channel import EVENTS_EXCHANGE
 from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, redact
 

@@ -20,10 +20,10 @@ from palomino.errors import ConfigError
 from palomino.services.common.auth import bearer_guard
 from palomino.services.common.http import unprocessable
 from palomino.services.common.runfiles import RunFiles, valid_cell
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.common.states import STATES
 from palomino.services.orchestrator.experiment import Experiment
-from palomino.services.orchestrator.service import Orchestrator, TooBusy
+from palomino.services.orchestrator.orchestrator import Orchestrator, TooBusy
 
 MAX_CONFIG_BYTES = 256 * 1024  # an experiment's YAML: a few kB in practice
 MAX_ALIASES = 64

@@ -107,7 +107,7 @@ class Experiment:
         self.persist()
 
     def persist(self) -> None:
-        """orchestrator.json in the run directory: what a restarted orchestrator re-adopts."""
+        """orchestrator.json in the run directory: what a restarted orchestrator reloads."""
         topology = self.topology
         state = {
             "state": self.state, "reason": self.reason, "partition": None if self.partition is None else self.partition.to_json(),
@@ -125,8 +125,8 @@ class Experiment:
             log.error("experiment %s: its state cannot be saved (%s); a restart would lose it", self.id, error)
 
     @classmethod
-    def readopt(cls, run_dir: Path, saved: dict[str, Any]) -> Experiment:
-        """The experiment as a killed orchestrator left it (ValueError, OSError, KeyError: not re-adoptable)."""
+    def from_saved(cls, run_dir: Path, saved: dict[str, Any]) -> Experiment:
+        """The experiment as a killed orchestrator left it (ValueError, OSError, KeyError: not reloadable)."""
         run = RunDirectory(run_dir)
         experiment = cls(run.experiment, run.load_config(), run, state=saved["state"], reason=saved.get("reason", ""))
         experiment.ended_at = saved.get("ended_at")

@@ -5,7 +5,7 @@ and the results its cells already reported, written into the experiment's own ru
     <run>/collected/<cell>/           a finished cell's result as it arrived (mixture.*, result.json, samples.png)
 
 Every write is atomic (temp file + rename), so a kill at any moment leaves the previous version.
-A restarted orchestrator reads them back (`read_states`, `read_collected`) and re-adopts the
+A restarted orchestrator reads them back (`read_states`, `read_collected`) and reloads the
 experiments and their workers. Torch-free, like the orchestrator."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def read_states(runs: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
                     f"version {state.get('version') if isinstance(state, dict) else '?'}, expected {VERSION}"
                 )
         except (OSError, ValueError) as error:
-            log.warning("%s: not re-adopted (%s)", path, error)
+            log.warning("%s: not reloaded (%s)", path, error)
             continue
         yield path.parent, state
 

@@ -15,10 +15,10 @@ from palomino.runs.checkpoints import newest_valid
 from palomino.services.common.states import State
 from palomino.services.orchestrator.experiment import Experiment, class_layout
 from palomino.services.orchestrator.shared import Shared
-from palomino.transport.control import cell_address
+from palomino.transport.control_channel import cell_address
 from palomino.transport.rabbitmq import forget_published, newest_published
 from palomino.wire import frame
-from palomino.wire.control import Assign, Stop
+from palomino.wire.control_messages import Assign, Stop
 from palomino.wire.snapshot import SnapshotHeader
 
 log = logging.getLogger(__name__)

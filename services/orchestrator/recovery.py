@@ -14,8 +14,8 @@ from palomino.services.orchestrator.experiment_store import write_collected
 from palomino.services.orchestrator.placement import Placement
 from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
-from palomino.transport.control import cell_address
-from palomino.wire.control import Resize
+from palomino.transport.control_channel import cell_address
+from palomino.wire.control_messages import Resize
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
 from palomino.services.orchestrator.placement import Placement
 from palomino.services.orchestrator.shared import Shared
-from palomino.wire.control import Done
-from palomino.wire.score import ScoreJob, ScoreResult
+from palomino.wire.control_messages import Done
+from palomino.wire.score_messages import ScoreJob, ScoreResult
 
 log = logging.getLogger(__name__)
 
 
-def adopt_ensemble(run: RunDirectory, result: ScoreResult) -> None:
+def accept_ensemble(run: RunDirectory, result: ScoreResult) -> None:
     """result/grid/ (every cell's generator) with the weights a scorer optimised becomes result/.
     The weights are checked against the components: a forged or stale result changes nothing."""
     summary = result.ensemble or {}
@@ -174,7 +174,7 @@ class Results:
             return
         if result.target == "best" and result.ensemble is not None:
             try:
-                await asyncio.to_thread(adopt_ensemble, RunDirectory(folder), result)
+                await asyncio.to_thread(accept_ensemble, RunDirectory(folder), result)
             except (OSError, ValueError, KeyError, TypeError) as error:
                 log.warning(
                     "experiment %s: the ensemble's weights are not usable (%s); result/ keeps the best cell's mixture",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from palomino.errors import PalominoError
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, Worker
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from typing import Any
 
 from palomino.grid import Coord
 from palomino.services.orchestrator.experiment import Experiment
-from palomino.wire.control import Checkpoint, Metrics, Samples
+from palomino.wire.control_messages import Checkpoint, Metrics, Samples
 
 
 def untrusted(experiment: Experiment, message: Any) -> str:

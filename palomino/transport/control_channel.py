@@ -32,7 +32,7 @@ from palomino.transport.rabbitmq import (
     publish_with_retry,
 )
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
-from palomino.wire.control import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
+from palomino.wire.control_messages import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)
 

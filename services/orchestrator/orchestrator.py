@@ -20,7 +20,7 @@ from palomino.errors import PalominoError
 from palomino.grid import Coord, cell_name
 from palomino.runs.checkpoints import write_checkpoint_bytes
 from palomino.runs.directory import RunDirectory
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, TooBusy, Worker
 from palomino.services.orchestrator.experiment_store import read_states
 from palomino.services.orchestrator.placement import Placement
@@ -29,10 +29,10 @@ from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
 from palomino.services.orchestrator.supervision import Supervisor
 from palomino.services.orchestrator.trust import untrusted
-from palomino.transport.control import ControlChannel, orchestrator_address
+from palomino.transport.control_channel import ControlChannel, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
 from palomino.transport.score_queue import RESULTS_QUEUE, ScoreQueue, score_queue_name
-from palomino.wire.control import Checkpoint, Done, Failed, Metrics, Register, Samples
+from palomino.wire.control_messages import Checkpoint, Done, Failed, Metrics, Register, Samples
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Orchestrator:
         self._stack.push_async_callback(channel.close)
         shared.liveness = RedisLiveness(settings.redis_url, liveness_prefix(namespace))
         self._stack.push_async_callback(shared.liveness.close)
-        self._readopt()  # before the first message: Done and Metrics waiting in the queue must find their experiment
+        self._reload_experiments()  # before the first message: Done and Metrics waiting in the queue must find their experiment
         await shared.control.listen(self.on_control)
         scoring = ScoreQueue(settings.broker_url, namespace, key=key)
         shared.scoring = await scoring.connect()
@@ -141,14 +141,14 @@ class Orchestrator:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _readopt(self) -> None:
+    def _reload_experiments(self) -> None:
         """Experiments a previous orchestrator kept under `runs`, with the workers of the running ones
         (still training: their heartbeats decide, as before the restart)."""
         for run_dir, saved in read_states(self.shared.runs):
             try:
-                experiment = Experiment.readopt(run_dir, saved)
+                experiment = Experiment.from_saved(run_dir, saved)
             except (OSError, ValueError, KeyError, TypeError, PalominoError) as error:
-                log.warning("%s: not re-adopted (%s)", run_dir, error)
+                log.warning("%s: not reloaded (%s)", run_dir, error)
                 continue
             self.shared.experiments[experiment.id] = experiment
             if experiment.state != "running":
@@ -156,7 +156,7 @@ class Orchestrator:
             for coord, worker in experiment.cells.items():
                 if coord not in experiment.done:
                     self.shared.workers[worker] = Worker(worker, experiment=experiment.id, coord=coord, idle=False)
-            log.info("experiment %s re-adopted: running on %d×%d (epoch %d), %d of %d cells done", experiment.id,
+            log.info("experiment %s reloaded: running on %d×%d (epoch %d), %d of %d cells done", experiment.id,
                      experiment.topology.rows, experiment.topology.cols, experiment.topology.epoch, len(experiment.done), len(experiment.cells))  # fmt: skip
 
     # ---- experiments ----------------------------------------------------------------------

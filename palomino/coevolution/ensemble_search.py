@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from palomino.coevolution.mixture import evolve_weights
+from palomino.coevolution.mixture_weights import evolve_weights
 
 # MMD bandwidths as multiples of the median distance. The whole-grid ensemble adds fine scales
 # to the in-cell mixture's: a generator that smears samples between modes must lose to one that

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from palomino.errors import PalominoError
-from palomino.services.common.settings import ServiceSettings
+from palomino.services.common.service_settings import ServiceSettings
 from palomino.transport.score_queue import ScoreQueue
-from palomino.wire.score import ScoreJob, ScoreResult
+from palomino.wire.score_messages import ScoreJob, ScoreResult
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def optimise_job_mixture(mixture, data, job: ScoreJob) -> tuple[dict, bytes]:
     from palomino.config import ExperimentConfig
     from palomino.data import load_dataset
     from palomino.errors import PalominoError
-    from palomino.runs.ensemble import grid_ensemble
+    from palomino.runs.grid_ensemble import grid_ensemble
     from palomino.runs.images import picture_of, picture_samples, png_bytes
     from palomino.scoring.extractors import ensemble_features
 

@@ -18,8 +18,14 @@ import torch
 from torch import nn
 
 from palomino.coevolution.cell_data import region_of
-from palomino.coevolution.ensemble import FINE_BANDWIDTH_FACTORS, Ensemble, FrechetScore, WeightScore, optimise_ensemble
-from palomino.coevolution.mixture import BANDWIDTH_FACTORS, MixtureScore
+from palomino.coevolution.ensemble_search import (
+    FINE_BANDWIDTH_FACTORS,
+    Ensemble,
+    FrechetScore,
+    WeightScore,
+    optimise_ensemble,
+)
+from palomino.coevolution.mixture_weights import BANDWIDTH_FACTORS, MixtureScore
 from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
@@ -60,7 +66,7 @@ class GridEnsemble:
     def apply_filter(self, mixture: Mixture) -> None:
         """Make `mixture` (of the same components) sample through these filters."""
         if self.filters:
-            mixture.adopt(self.filter_rule())
+            mixture.use_filter(self.filter_rule())
 
     def summary(self) -> dict[str, Any]:
         e = self.ensemble

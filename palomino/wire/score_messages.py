@@ -34,7 +34,7 @@ class ScoreJob(BaseModel):
     data_seed: int = 0  # the experiment's seed: the toys and data.size subsets are drawn with it
     options: dict[str, Any] = {}  # ScoringOptions
     # The experiment's config (ExperimentConfig as JSON) when the scorer is to optimise the mixture's
-    # weights first: the whole grid's ensemble of a distributed run (palomino.runs.ensemble).
+    # weights first: the whole grid's ensemble of a distributed run (palomino.runs.grid_ensemble).
     ensemble: dict[str, Any] | None = None
 
     @classmethod
