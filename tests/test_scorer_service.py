@@ -16,7 +16,7 @@ from conftest import cli_command, cli_env, last_line, palomino, tiny, write_yaml
 
 from palomino.services.local import stop_processes
 from palomino.transport.score_queue import ScoreQueue
-from palomino.wire.score import ScoreJob, ScoreResult
+from palomino.wire.score_messages import ScoreJob, ScoreResult
 
 NAMESPACE = f"test-scorer-{uuid.uuid4().hex[:6]}"  # its own score queue: no other stack's scorer takes these jobs
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
