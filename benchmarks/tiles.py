@@ -12,6 +12,9 @@ Two measurements, in one process, on one device:
           each cell's fitness and selection, the stacked training, re-evaluation, replacement
           and mixture; plus the snapshots the cells exchange), seconds per iteration split by
           phase, projected to `--project` batches per cell (120,000: 200 epochs of 60,000 images).
+  baselines  `--baselines N …`: the referee's N independent plain GANs (palomino.baselines),
+          `--batches` generator and discriminator steps each, trained as one stack against one
+          after another (what benchmarks/quality.py did before); GANs × steps per second, ratio.
 
 Networks (`--model`): Lipizzaner's MNIST perceptron, or the toys' (examples/ring-3x3.yaml:
 Tanh, hidden 128, on 2-D points). dcgan and sngan have no stacked form yet (one by one).
@@ -25,6 +28,7 @@ wall time with a synchronize on CUDA.
     python benchmarks/tiles.py --model ring --cells 1 9 36 144 --grid 3
     python benchmarks/tiles.py --cells 1 9 36 144 576 --device cuda
     python benchmarks/tiles.py --cells --grid 12 --device cuda --iterations 3
+    python benchmarks/tiles.py --model ring --cells --baselines 1 9 16 --batches 200
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from palomino.baselines import Budget, train_independent
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile
 from palomino.coevolution.tile_training import Lane, train_tile
@@ -201,6 +206,31 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     )
 
 
+def baselines(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
+    config = make_config(1, 1, args.batches, args.device, args.model)
+    budget = Budget(args.batches, args.batches)
+    print(f"\nbaselines: N plain GANs, {args.batches} G + {args.batches} D steps each, {args.rounds} rounds (median)")
+    print(f"{'N':>5} {'stacked GAN·steps/s':>20} {'alone GAN·steps/s':>18} {'ratio':>7}")
+    for n in args.baselines:
+        alone = min(n, args.alone)
+        stacked_s, alone_s = [], []
+        train_independent(config, [dataset] * n, Budget(2, 2), range(n), args.device)  # warm-up
+        for _ in range(args.rounds):
+            stacked_s.append(
+                clock.time(lambda n=n: train_independent(config, [dataset] * n, budget, range(n), args.device))
+            )
+            one = clock.time(
+                lambda a=alone: train_independent(config, [dataset] * a, budget, range(a), args.device, stacked=False)
+            )
+            alone_s.append(one * n / alone)
+        stacked, by_one = statistics.median(stacked_s), statistics.median(alone_s)
+        rate = n * args.batches
+        print(
+            f"{n:>5} {rate / stacked:>20,.0f} {rate / by_one:>18,.0f} {by_one / stacked:>6.1f}×"
+            + ("" if alone == n else f"   (one by one: {alone} GANs, scaled)")
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -211,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone", type=int, default=9, help="time one by one on at most this many cells, scaled to K")
     parser.add_argument("--grid", type=int, default=0, help="also run an R×R grid's whole iterations (0: no)")
     parser.add_argument("--iterations", type=int, default=3, help="--grid: timed iterations")
+    parser.add_argument("--baselines", type=int, nargs="*", default=[], help="the referee's N plain GANs (none: skip)")
     parser.add_argument("--project", type=int, default=120_000, help="--grid: batches per cell to project to")
     parser.add_argument("--model", choices=["mnist", "ring"], default="mnist", help="MNIST's perceptrons or the toys'")
     parser.add_argument("--device", default="cpu")
@@ -237,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         steps(args, dataset, clock)
     if args.grid:
         grid(args, dataset, clock)
+    if args.baselines:
+        baselines(args, dataset, clock)
     return 0
 
 

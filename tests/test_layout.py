@@ -220,7 +220,7 @@ LAYERS = [
     ("palomino.grid",),
     ("palomino.config",),
     ("palomino.wire", "palomino.data", "palomino.nn"),
-    ("palomino.transport", "palomino.coevolution"),
+    ("palomino.transport", "palomino.coevolution", "palomino.baselines"),
     ("palomino.runs",),
     ("palomino.scoring",),
     ("palomino.services",),

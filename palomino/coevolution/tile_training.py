@@ -21,7 +21,7 @@ from palomino.coevolution.mutation import mutate_learning_rates
 from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
-from palomino.nn.stacked import StackedMLP, gather, stack, unstack
+from palomino.nn.stacked import StackedMLP, gather, stack, stacked_gradient_penalty, unstack
 from palomino.nn.stacked_adam import StackedAdam
 
 
@@ -229,12 +229,9 @@ class _Lockstep:
     def _penalty(self, draws: _Draws, rows: Tensor | None, real: Tensor, fake: Tensor, labels: Tensor | None) -> Tensor:
         """WGAN-GP's E[(‖∇D(x̂)‖₂ − 1)²] per member, as nn.losses.gradient_penalty computes it for one."""
         rows = rows if rows is not None else torch.arange(len(real), device=self.device)
-        picked = rows.tolist()
-        eps = torch.stack([draws.eps[m] for m in picked])  # type: ignore[misc]
-        x_hat = (eps * real[rows] + (1 - eps) * fake[rows]).requires_grad_(True)
-        critic = self.d.layout.forward(gather(self.d.params, rows), x_hat, None if labels is None else labels[rows])
-        (grad,) = torch.autograd.grad(critic.sum(), x_hat, create_graph=True)
-        return (grad.flatten(2).norm(2, dim=2) - 1).square().mean(-1)
+        eps = torch.stack([draws.eps[m] for m in rows.tolist()])  # type: ignore[misc]
+        labels = None if labels is None else labels[rows]
+        return stacked_gradient_penalty(self.d.layout, gather(self.d.params, rows), real[rows], fake[rows], eps, labels)
 
     def _update(self, role: _Role, values: Tensor, draws: _Draws) -> None:
         everyone = all(draws.active)

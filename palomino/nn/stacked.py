@@ -83,6 +83,16 @@ class StackedMLP:
         return self.output(h).view(h.shape[0], h.shape[1], *self.sample_shape)
 
 
+def stacked_gradient_penalty(
+    layout: StackedMLP, params: Params, real: Tensor, fake: Tensor, eps: Tensor, labels: Tensor | None = None
+) -> Tensor:
+    """WGAN-GP's E[(‖∇D(x̂)‖₂ − 1)²] for each member (M,), as nn.losses.gradient_penalty computes it
+    for one: x̂ = eps·real + (1 − eps)·fake, with each member's own `eps` (M, B, 1, …)."""
+    x_hat = (eps * real.detach() + (1 - eps) * fake.detach()).requires_grad_(True)
+    (grad,) = torch.autograd.grad(layout.forward(params, x_hat, labels).sum(), x_hat, create_graph=True)
+    return (grad.flatten(2).norm(2, dim=2) - 1).square().mean(-1)
+
+
 def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """x (M, B, in) · weightᵀ (M, in, out) + bias (M, out): one kernel for every member."""
     return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
