@@ -184,7 +184,7 @@ def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tupl
     assert whole.tolist() == pytest.approx([counts.get(c, 0) / sum(counts.values()) for c in range(10)])
 
     # Each class: against its own digits only, with statistics of their own in the cache.
-    assert report["class_metrics"] == ["fid", "is", "kid", "tvd", "hit"]
+    assert report["class_metrics"] == ["fid", "is", "kid", "tvd", "memorization", "hit"]
     cached = sorted(p.name for p in (cache / "real-statistics").glob("*.safetensors"))
     assert len(cached) == 4 and [sum(f"-class{c}-{counts[c]}-" in name for name in cached) for c in CLASSES] == [
         1,

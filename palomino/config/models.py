@@ -22,7 +22,7 @@ def renamed_loss(name: str) -> str:
 
 
 DataName = Literal["mnist", "fashion_mnist", "cifar10", "image_folder", "gaussian_ring", "gaussian_grid"]
-MetricName = Literal["fid", "is", "kid", "tvd", "modes"]
+MetricName = Literal["fid", "is", "kid", "tvd", "modes", "memorization"]
 # Labels of each dataset whose label count is known without reading it (image_folder: one per
 # subfolder). Partitioned layouts need it torch-free (the orchestrator); tests/test_partitioned.py
 # checks it against the loaders.
@@ -435,7 +435,10 @@ class MixtureScoring(_Strict):
     """What a scoring computes: an experiment's `scoring:` section and the scorer's options share it."""
 
     metrics: list[MetricName] | None = Field(
-        None, min_length=1, max_length=5, description="none: fid, is, kid, tvd for images; modes for the toys"
+        None,
+        min_length=1,
+        max_length=6,
+        description="none: fid, is, kid, tvd, memorization for images; modes for the toys",
     )
     samples: int | None = Field(
         None,
@@ -445,9 +448,11 @@ class MixtureScoring(_Strict):
         f"{SCORE_SAMPLES['points']:,} points",
         json_schema_extra={"cost": "generated samples per scored mixture"},
     )
-    extractor: Literal["classifier", "inception"] = Field(
+    extractor: Literal["classifier", "lipizzaner", "inception"] = Field(
         "classifier",
-        description="classifier: a file of palomino classifier train; inception: Inception-v3 weights by path",
+        description="classifier: a file of palomino classifier train (either architecture); lipizzaner: one of "
+        "Lipizzaner's MNIST CNN (--arch lipizzaner or classifier import), its 10 logits the features, so FIDs "
+        "compare with Lipizzaner's published ones; inception: Inception-v3 weights by path",
     )
     classifier: Path | None = Field(None, description="the classifier file; none: $PALOMINO_CLASSIFIER")
 

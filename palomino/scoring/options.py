@@ -11,7 +11,7 @@ from palomino.config.models import REAL_SCORE_SAMPLES, SCORE_SAMPLES, MetricName
 from palomino.errors import ConfigError, describe_validation
 
 METRICS: tuple[str, ...] = get_args(MetricName)
-DEFAULT_METRICS = {"image": ["fid", "is", "kid", "tvd"], "points": ["modes"]}
+DEFAULT_METRICS = {"image": ["fid", "is", "kid", "tvd", "memorization"], "points": ["modes"]}
 
 
 class ScoringOptions(MixtureScoring):

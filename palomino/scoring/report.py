@@ -6,6 +6,8 @@ from typing import Any
 
 from rich.table import Table
 
+from palomino.scoring.memorization import MEMORIZING_BELOW
+
 HEADERS = {
     "fid": "FID ↓",
     "is": "IS ↑",
@@ -13,7 +15,12 @@ HEADERS = {
     "tvd": "TVD ↓",
     "modes": "modes ↑ (high quality)",
     "hit": "hit ↑",
+    "memorization": "memorization ratio",
 }
+MEMORIZATION_LEGEND = (
+    "memorization ratio: median distance of a sample to its nearest training image over that of a "
+    f"held-out image (pixels; about 1 for new images); ! = below {MEMORIZING_BELOW}: memorizing"
+)
 
 
 def format_metric(name: str, result: dict[str, Any] | None) -> str:
@@ -32,6 +39,8 @@ def format_metric(name: str, result: dict[str, Any] | None) -> str:
         return f"{value}/{result['modes']} ({result['high_quality']:.0%})"
     if name == "hit":
         return f"{value:.1%}"
+    if name == "memorization":  # flagged, not ranked: 1 is right, below copies, above strays from the data
+        return f"{value:.2f}" + (" !" if result.get("memorizing") else "")
     return f"{value:.3f}" if name == "tvd" else f"{value:.2f}"
 
 
@@ -71,6 +80,8 @@ def scores_table(report: dict[str, Any]) -> Table:
             why = (metrics.get(name) or {}).get("not_applicable")
             if why and why not in reasons:
                 reasons.append(why)
+    if "memorization" in names:
+        reasons.insert(0, MEMORIZATION_LEGEND)
     if reasons:
         table.caption = "; ".join(reasons)
     return table

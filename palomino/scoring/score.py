@@ -5,6 +5,9 @@ what `palomino score` runs), away from the cells' training loop as in Lipizzaner
 A mixture of one class (a partitioned run's cell or class component: its mixture.json has "class";
 a conditional mixture drawn for one label, `ClassDraws`) is scored against that class's real data
 only; the class mixture of a partitioned run against all of the run's classes.
+
+`memorization` needs no extractor: pixels of the first MEMORIZATION_SAMPLES generated images against
+the run's training images, calibrated by up to as many real images it never trained on (held_out.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from palomino.runs.directory import RunDirectory, finite_json
 from palomino.runs.mixture import ClassMixture, Mixture
 from palomino.runs.result import CLASS_MIXTURE
 from palomino.scoring.extractors import FeatureExtractor, build_extractor, scoring_cache_dir
+from palomino.scoring.held_out import HeldOut, held_out_images
+from palomino.scoring.memorization import Memorization, median_nearest_distance
 from palomino.scoring.metrics import IMAGE_METRICS, build_metrics, compute_metrics, update_metrics
 from palomino.scoring.modes import mode_coverage
 from palomino.scoring.options import ScoringOptions
@@ -37,11 +42,13 @@ from palomino.scoring.real_statistics import RealStatistics, reference_statistic
 
 log = logging.getLogger(__name__)
 FORMAT = 1
+MEMORIZATION_SAMPLES = 2000  # generated images per memorization ratio: as many as the held-out images
 
 
-def _train_command(data: DataConfig) -> str:
+def _train_command(data: DataConfig, extractor: str = "classifier") -> str:
     where = f" --data-dir {data.dir}" if data.dir else ""
-    return f"palomino classifier train --data {data.name}{where} --out FILE.safetensors"
+    arch = " --arch lipizzaner" if extractor == "lipizzaner" else ""
+    return f"palomino classifier train{arch} --data {data.name}{where} --out FILE.safetensors"
 
 
 def mixture_class(mixture: Any) -> int | None:
@@ -104,6 +111,9 @@ class ScoringContext:
     extractor: FeatureExtractor | None = None
     real: RealStatistics | None = None
     label: int | None = None
+    held_out: HeldOut | None = None  # real images never trained on: `memorization` is calibrated by them
+    no_held_out: str = ""  # why there are none
+    _held_out_median: float | None = field(default=None, repr=False)
     _per_class: dict[int, ScoringContext] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -125,24 +135,30 @@ class ScoringContext:
                     cache_dir=options.cache_dir,
                 )
             except ConfigError as error:
-                if options.extractor == "classifier":  # say exactly which command makes the missing file
-                    raise ConfigError(f"{error}. For this run's data: {_train_command(data)}") from None
+                if options.extractor != "inception":  # say exactly which command makes the missing file
+                    raise ConfigError(
+                        f"{error}. For this run's data: {_train_command(data, options.extractor)}"
+                    ) from None
                 raise
             trained_on = context.extractor.dataset
             if trained_on is not None and trained_on != dataset.name:
                 raise ConfigError(
                     f"--classifier: {options.classifier or 'the classifier'} was trained on {trained_on}, "
-                    f"but the data is {dataset.name}; train one for it: {_train_command(data)}"
+                    f"but the data is {dataset.name}; train one for it: {_train_command(data, options.extractor)}"
                 )
+        if dataset.kind == "image" and "memorization" in metrics:
+            context.held_out, context.no_held_out = held_out_images(data, dataset, seed=options.seed)
         if label is not None:
             context = context._class_context(label)
         context._load_reference()
         return context
 
     def _class_context(self, label: int) -> ScoringContext:
+        held_out = self.held_out.for_class(label) if self.held_out is not None else None
         return ScoringContext(
             self.data, self.options, class_dataset(self.dataset, label), self.metrics, self.samples, self.extractor,
-            label=int(label),
+            label=int(label), held_out=held_out,
+            no_held_out=self.no_held_out or ("" if held_out else f"no held-out images of class {label}"),
         )  # fmt: skip
 
     def _load_reference(self) -> None:
@@ -183,6 +199,10 @@ class ScoringContext:
             return f"{name} scores images; {self.dataset.name} is 2-D points (use modes)"
         if name == "modes" and self.dataset.modes is None:
             return f"modes needs known mode centres (gaussian_ring, gaussian_grid); {self.dataset.name} has none"
+        if name == "memorization" and self.dataset.kind != "image":
+            return f"memorization compares images; {self.dataset.name} is 2-D points"
+        if name == "memorization" and self.held_out is None:
+            return f"memorization needs real images the run never trained on: {self.no_held_out}"
         if name == "is" and self.label is not None:
             return "is rewards confident predictions spread over many classes; one class's samples have one: see hit"
         if name == "hit":
@@ -193,6 +213,21 @@ class ScoringContext:
                     f"the {self.extractor.name} extractor's classes are not its labels"
                 )
         return None
+
+    def _memorization(self, samples: torch.Tensor) -> dict[str, Any]:
+        """The memorization ratio of `samples` (data space, [0, 1]) in generator space, as the training images are."""
+        assert self.held_out is not None
+        train = self.dataset.samples
+        if self._held_out_median is None:  # once per context: the held-out images do not change
+            self._held_out_median = median_nearest_distance(self.held_out.images, train)
+        result = Memorization(
+            generated=median_nearest_distance(samples * 2 - 1, train),
+            held_out=self._held_out_median,
+            samples=len(samples),
+            held_out_images=len(self.held_out.images),
+            training_images=len(train),
+        )
+        return {**result.as_dict(), "held_out_source": self.held_out.source}
 
     def _chunks(self) -> list[tuple[int, int]]:
         """(seed, size) of each sampling batch: seeded from options.seed, so scores are reproducible."""
@@ -229,19 +264,31 @@ class ScoringContext:
             else:
                 applicable.append(name)
         image_metrics = [m for m in applicable if m in IMAGE_METRICS or m == "hit"]
-        if image_metrics:
-            assert self.extractor is not None and self.real is not None
-            metrics = build_metrics(
-                image_metrics,
-                self.extractor,
-                self.real,
-                samples=self.samples,
-                is_splits=self.options.is_splits,
-                label=self.label,
-            )
+        if image_metrics or "memorization" in applicable:
+            metrics = None
+            if image_metrics:
+                assert self.extractor is not None and self.real is not None
+                metrics = build_metrics(
+                    image_metrics,
+                    self.extractor,
+                    self.real,
+                    samples=self.samples,
+                    is_splits=self.options.is_splits,
+                    label=self.label,
+                )
+            kept: list[torch.Tensor] = []  # the first MEMORIZATION_SAMPLES, for memorization
             for seed, size in self._chunks():  # generators sample on the CPU; the extractor runs on options.device
-                update_metrics(metrics, mixture.sample(size, seed=seed).to(self.options.device))
-            results.update(compute_metrics(metrics, self.options.seed))
+                if metrics is None and sum(map(len, kept)) >= MEMORIZATION_SAMPLES:
+                    break
+                images = mixture.sample(size, seed=seed)
+                if "memorization" in applicable and sum(map(len, kept)) < MEMORIZATION_SAMPLES:
+                    kept.append(images)
+                if metrics is not None:
+                    update_metrics(metrics, images.to(self.options.device))
+            if metrics is not None:
+                results.update(compute_metrics(metrics, self.options.seed))
+            if "memorization" in applicable:
+                results["memorization"] = self._memorization(torch.cat(kept)[:MEMORIZATION_SAMPLES])
         if "modes" in applicable:
             points = torch.cat([mixture.sample(size, seed=seed) for seed, size in self._chunks()])
             coverage = mode_coverage(points, self.dataset.modes, self.dataset.mode_std)
