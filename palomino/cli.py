@@ -529,15 +529,16 @@ def score(
     metrics: str | None = typer.Option(
         None,
         "--metrics",
-        help="Comma-separated: fid,is,kid,tvd,modes (default: the run's scoring.metrics, else fid,is,kid,tvd for images, modes for points).",
+        help="Comma-separated: fid,is,kid,tvd,modes,memorization (default: the run's scoring.metrics, else "
+        "fid,is,kid,tvd,memorization for images, modes for points).",
     ),
     samples: int | None = typer.Option(
         None,
         "--samples",
         help="Generated samples per mixture (default by kind of data: scoring.samples in docs/configuration.md).",
     ),
-    extractor: Literal["classifier", "inception"] | None = typer.Option(
-        None, "--extractor", help="Feature extractor (default: classifier)."
+    extractor: Literal["classifier", "lipizzaner", "inception"] | None = typer.Option(
+        None, "--extractor", help="Feature extractor (default: classifier; lipizzaner: Lipizzaner's MNIST CNN)."
     ),
     classifier: Path | None = typer.Option(
         None, "--classifier", help="File of `palomino classifier train` (else PALOMINO_CLASSIFIER)."
@@ -599,7 +600,7 @@ def score(
 
 classifier_app = typer.Typer(
     no_args_is_help=True,
-    help="The small CNN behind the classifier extractor (FID/IS features, TVD's class predictions).",
+    help="The small CNN behind the classifier and lipizzaner extractors (FID/IS features, TVD's class predictions).",
 )
 app.add_typer(classifier_app, name="classifier", rich_help_panel="Train and use a run")
 
@@ -623,6 +624,9 @@ def classifier_train(
     train_size: int = typer.Option(0, "--train-size", min=0, help="Train on this many images (0 = all)."),
     test_size: int = typer.Option(0, "--test-size", min=0, help="Test on this many images (0 = all)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the initial weights and the data split."),
+    arch: Literal["cnn", "lipizzaner"] = typer.Option(
+        "cnn", "--arch", help="cnn: Palomino's own; lipizzaner: Lipizzaner's MNIST CNN (its logits the features)."
+    ),
 ) -> None:
     """Train the classifier, report its test accuracy, save it; prints the file last."""
     from pydantic import ValidationError
@@ -649,6 +653,7 @@ def classifier_train(
             holdout=holdout,
             train_size=train_size,
             test_size=test_size,
+            arch=arch,
             on_epoch=on_epoch,
         )
         save_classifier(trained, out)
@@ -661,6 +666,56 @@ def classifier_train(
         highlight=False,
         soft_wrap=True,
     )
+    print(out)
+
+
+@classifier_app.command("import")
+def classifier_import(
+    weights: Path = typer.Option(
+        ..., "--weights", help="Lipizzaner's MNIST CNN weights: .safetensors, or a PyTorch state dict (.pt/.pkl)."
+    ),
+    data: Literal["mnist", "fashion_mnist"] = typer.Option(..., "--data", help="The dataset they were trained on."),
+    out: Path = typer.Option(..., "--out", help="FILE.safetensors (metadata beside it in FILE.json)."),
+    data_dir: Path | None = typer.Option(
+        None,
+        "--data-dir",
+        help="Where the dataset's files are (default: $PALOMINO_DATA_DIR/NAME, else the user cache).",
+    ),
+    holdout: int = typer.Option(2000, "--holdout", min=1, help="Test images held out when only one split is present."),
+    test_size: int = typer.Option(0, "--test-size", min=0, help="Test on this many images (0 = all)."),
+) -> None:
+    """Take Lipizzaner's MNIST CNN weights trained elsewhere (every tensor's shape checked), test them, save
+    them as a classifier for --extractor lipizzaner; prints the file last."""
+    from pydantic import ValidationError
+
+    from palomino.config import DataConfig
+    from palomino.scoring.classifier import import_classifier, save_classifier
+
+    if out.suffix != ".safetensors":
+        raise _fail(ConfigError(f"--out {out}: the classifier file must end in .safetensors"))
+    try:
+        config = DataConfig(name=data, dir=data_dir)
+    except ValidationError as error:
+        flags = {"name": f"--data {data}", "dir": "--data-dir"}
+        raise _fail(ConfigError(describe_validation(error, lambda field: flags.get(field, field)))) from None
+    try:
+        imported = import_classifier(weights, config, holdout=holdout, test_size=test_size)
+        save_classifier(imported, out)
+    except PalominoError as error:
+        raise _fail(error) from None
+    accuracy = imported.meta["accuracy"]
+    stderr.print(
+        f"{data}: test accuracy {accuracy:.2%} on {imported.meta['test_size']:,} images",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if accuracy < 0.9:  # trained on its data, this network classifies 97–99 %: far below, wrong data or input range
+        stderr.print(
+            f"warning: {weights} classifies only {accuracy:.0%} of {data}'s test images: are they Lipizzaner's "
+            f"{data} weights, trained on images in [-1, 1]?",
+            highlight=False,
+            soft_wrap=True,
+        )
     print(out)
 
 

@@ -1,6 +1,9 @@
 """Feature extractors: images in [0, 1] (any size, 1 or 3 channels) → (features, logits).
 
 - `classifier`: the small CNN of `palomino classifier train` (offline; features for FID/KID, logits for IS/TVD).
+- `lipizzaner`: such a file of Lipizzaner's MNIST CNN (`--arch lipizzaner`, or `classifier import`): its 10
+  logits are its features, so FIDs compare with Lipizzaner's published ones. `classifier` takes it too:
+  the file says which network it holds, and the extractor is named after it.
 - `inception`: Inception-v3, the standard FID network (2048 pool features, 1008 logits). Either
   torch-fidelity's FID Inception with its weights given by path, or torchvision's Inception-v3 when its
   weights are already in the torch hub cache. Both are imported only here, lazily; nothing is ever
@@ -22,11 +25,12 @@ from torch import nn
 
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring.classifier import adapt_images, load_classifier
+from palomino.scoring.lipizzaner import ARCH as LIPIZZANER
 
 if TYPE_CHECKING:
     from palomino.config import ExperimentConfig
 
-EXTRACTORS: tuple[str, ...] = ("classifier", "inception")
+EXTRACTORS: tuple[str, ...] = ("classifier", "lipizzaner", "inception")
 CLASSIFIER_ENV = "PALOMINO_CLASSIFIER"
 INCEPTION_ENV = "PALOMINO_INCEPTION_WEIGHTS"
 CACHE_ENV = "PALOMINO_CACHE_DIR"
@@ -73,8 +77,8 @@ class ClassifierExtractor(FeatureExtractor):
         trained = load_classifier(path, device)
         self.net = trained.net.requires_grad_(False)
         self.shape = trained.image_shape
-        self.name = "classifier"
-        self.identity = f"classifier-{trained.meta['sha256'][:16]}"
+        self.name = LIPIZZANER if trained.arch == LIPIZZANER else "classifier"  # what its features are
+        self.identity = f"{self.name}-{trained.meta['sha256'][:16]}"
         self.num_features = self.net.num_features
         self.classes = trained.classes
         self.dataset = trained.meta["dataset"]
@@ -180,14 +184,24 @@ def build_extractor(
     cache_dir: Path | None = None,
 ) -> FeatureExtractor:
     """The named extractor. Paths left as None come from PALOMINO_CLASSIFIER / PALOMINO_INCEPTION_WEIGHTS."""
-    if name == "classifier":
+    if name in ("classifier", LIPIZZANER):
         path = classifier or (Path(os.environ[CLASSIFIER_ENV]) if os.environ.get(CLASSIFIER_ENV) else None)
+        arch = " --arch lipizzaner" if name == LIPIZZANER else ""
+        make = f"palomino classifier train{arch} --data mnist --data-dir DIR --out FILE.safetensors"
+        if name == LIPIZZANER:
+            make += " (or from Lipizzaner's weights: palomino classifier import --weights FILE --data mnist --out FILE.safetensors)"
         if path is None:
             raise ConfigError(
-                f"--extractor classifier needs a classifier file: give --classifier FILE (or set {CLASSIFIER_ENV}); "
-                "make one with: palomino classifier train --data mnist --data-dir DIR --out FILE.safetensors"
+                f"--extractor {name} needs a classifier file: give --classifier FILE (or set {CLASSIFIER_ENV}); "
+                f"make one with: {make}"
             )
-        return ClassifierExtractor(Path(path), device)
+        extractor = ClassifierExtractor(Path(path), device)
+        if name == LIPIZZANER and extractor.name != LIPIZZANER:
+            raise ConfigError(
+                f"--extractor lipizzaner: {path} is a {extractor.meta.get('architecture', {}).get('name', 'cnn')} "
+                f"classifier, not Lipizzaner's MNIST CNN; make one with: {make}"
+            )
+        return extractor
     if name == "inception":
         path = inception_weights or (Path(os.environ[INCEPTION_ENV]) if os.environ.get(INCEPTION_ENV) else None)
         if path is not None:
