@@ -18,7 +18,10 @@ TVD of its predicted class histogram, against held-out real images the GANs neve
     python benchmarks/quality.py mnist-1x1 mnist-2x2 mnist-3x3 --seeds 0 1 --set training.iterations=20
     python benchmarks/quality.py --out bench/quality      # table.json, table.png and the runs there
 
-Baselines train in a pool of 2 worker processes (one torch thread each) while nothing else runs.
+Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
+steps in sequence on one; on the other the N independent GANs as one stack (palomino.baselines:
+every step one batched update for all of them), then those on the regions. `--device cuda` trains
+the grid and the baselines on a GPU; samples are scored on the CPU.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from palomino.baselines import Budget, train_independent
 from palomino.coevolution.ensemble_search import FINE_BANDWIDTH_FACTORS, FrechetScore
 from palomino.coevolution.mixture_weights import MixtureScore
-from palomino.coevolution.schedule import decay_factor
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
 from palomino.data import Dataset, data_dir, load_dataset
-from palomino.nn import build_discriminator, build_generator, get_loss
 from palomino.runs.directory import RunDirectory, read_jsonl
 from palomino.runs.embedded import train_embedded
 from palomino.runs.filter_rule import FilterRule
@@ -187,38 +188,15 @@ def selection_score(generator: torch.nn.Module, train: Dataset, latent: int, see
 # ---- the methods -----------------------------------------------------------------------------
 
 
-def train_plain(config_json: dict, train: Dataset, steps: tuple[int, int], seed: int) -> tuple[dict, dict, float]:
-    """One plain GAN: `steps` = (generator steps, discriminator steps), interleaved evenly."""
-    torch.set_num_threads(1)
-    config = ExperimentConfig.model_validate(config_json)
+def train_baselines(
+    config: ExperimentConfig, datasets: list[Dataset], budget: Budget, seeds: list[int], device: str
+) -> tuple[list[torch.nn.Module], list[torch.nn.Module], float]:
+    """(generators, discriminators, seconds): plain GANs trained side by side as one stack
+    (palomino.baselines), back on the CPU to be scored; GAN i on datasets[i] from seeds[i]."""
     start = time.perf_counter()
-    torch.manual_seed(seed)
-    G = build_generator(config.network, train.sample_shape, train.kind)
-    D = build_discriminator(config.network, train.sample_shape, train.kind)
-    t = config.training
-    loss = get_loss(t.losses[0])
-    opt_g = torch.optim.Adam(G.parameters(), lr=t.learning_rate, betas=t.adam_betas)
-    opt_d = torch.optim.Adam(D.parameters(), lr=t.learning_rate, betas=t.adam_betas)
-    g_steps, d_steps = steps
-    batch, latent = min(t.batch_size, len(train)), config.network.latent_dim
-    done_d = 0
-    for step in range(g_steps):
-        scale = decay_factor(t.decay, step / g_steps)  # the grid's schedule, over the same share of the run
-        for group in [*opt_g.param_groups, *opt_d.param_groups]:
-            group["lr"] = t.learning_rate * scale
-        z = torch.randn(batch, latent)
-        opt_g.zero_grad(set_to_none=True)
-        loss.generator(D(G(z))).backward(inputs=list(G.parameters()))
-        opt_g.step()
-        while done_d < round((step + 1) * d_steps / g_steps):
-            real = train.samples[torch.randint(len(train), (batch,))]
-            with torch.no_grad():
-                fake = G(torch.randn(batch, latent))
-            opt_d.zero_grad(set_to_none=True)
-            loss.discriminator(D, real, fake).backward(inputs=list(D.parameters()))
-            opt_d.step()
-            done_d += 1
-    return G.state_dict(), D.state_dict(), time.perf_counter() - start
+    trained = train_independent(config, datasets, budget, seeds, device)
+    seconds = time.perf_counter() - start
+    return [g.cpu() for g, _ in trained], [d.cpu() for _, d in trained], seconds
 
 
 def run_grid(config: ExperimentConfig, train: Dataset, out: Path) -> tuple[RunDirectory, float]:
@@ -245,9 +223,11 @@ def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
     return mixture.generators[mixture.components.index(cell)]
 
 
-def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: ProcessPoolExecutor) -> list[Result]:
+def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, device: str = "cpu") -> list[Result]:
     case = CASES[name]
-    config = load_config(ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}"])
+    config = load_config(
+        ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}", f"device={device}"]
+    )
     train, held_out = split_data(config, seed)
     referee = Referee(config, train, held_out, out)
     latent, n = config.network.latent_dim, referee.sample_count()
@@ -274,67 +254,48 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, pool: P
             used=int((result.weights > 0).sum()),
         )
 
-    dumped = config.model_dump(mode="json")
-    plain_job = pool.submit(train_plain, dumped, train, (g, d), seed + 1000)
-    per = (g // cells, d // cells)
-    indep_jobs = [pool.submit(train_plain, dumped, train, per, seed + 2000 + i) for i in range(cells)]
-    results = [grid]
-    plain, plain_critic, seconds = built(config, train, plain_job.result())
+    # The plain GAN takes the grid's total steps in sequence on one thread; meanwhile the N
+    # independent GANs (and those on the regions) train on the other, each set as one stack.
+    torch.set_num_threads(1)
+    with ThreadPoolExecutor(1) as thread:
+        plain_job = thread.submit(train_baselines, config, [train], Budget(g, d), [seed + 1000], device)
+        per = Budget(g // cells, d // cells)
+        nets, critics, seconds = train_baselines(
+            config, [train] * cells, per, [seed + 2000 + i for i in range(cells)], device
+        )
+        regions = regions_baseline(name, seed, config, train, per, device) if config.training.data_regions else None
+        (plain,), (plain_critic,), plain_seconds = plain_job.result()
     baseline = Baseline(config, train, n, seed)
-    results.append(Result(name, seed, "plain", g + d, seconds, referee.score(baseline.sample([plain], [plain_critic]))))
-    nets, critics, times = [], [], []
-    for job in indep_jobs:
-        net, critic, seconds = built(config, train, job.result())
-        nets.append(net)
-        critics.append(critic)
-        times.append(seconds)
+    results = [grid]
+    results.append(
+        Result(name, seed, "plain", g + d, plain_seconds, referee.score(baseline.sample([plain], [plain_critic])))
+    )
     best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
     results.append(
-        Result(
-            name, seed, "indep-best", g + d, sum(times), referee.score(baseline.sample([nets[best]], [critics[best]]))
-        )
+        Result(name, seed, "indep-best", g + d, seconds, referee.score(baseline.sample([nets[best]], [critics[best]])))
     )
-    results.append(Result(name, seed, "indep-mix", g + d, sum(times), referee.score(baseline.sample(nets, critics))))
-    if config.training.data_regions:
-        results.append(regions_baseline(name, seed, config, train, per, pool, baseline, referee))
+    results.append(Result(name, seed, "indep-mix", g + d, seconds, referee.score(baseline.sample(nets, critics))))
+    if regions is not None:
+        trained, parts, region_seconds = regions
+        shares = np.array([len(part) for part in parts], dtype=float)
+        samples = baseline.sample(*trained, shares / shares.sum(), own_data=parts)
+        steps = (per.generator + per.discriminator) * len(parts)
+        results.append(Result(name, seed, "indep-regions", steps, region_seconds, referee.score(samples)))
     return results
 
 
 def regions_baseline(
-    name: str,
-    seed: int,
-    config: ExperimentConfig,
-    train: Dataset,
-    per: tuple[int, int],
-    pool: ProcessPoolExecutor,
-    baseline: Baseline,
-    referee: Referee,
-) -> Result:
-    """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits it)."""
+    name: str, seed: int, config: ExperimentConfig, train: Dataset, per: Budget, device: str
+) -> tuple[tuple[list[torch.nn.Module], list[torch.nn.Module]], list[Dataset], float]:
+    """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits
+    it): ((generators, discriminators), their data, seconds)."""
     from palomino.coevolution.cell_data import cell_dataset
     from palomino.grid import Topology
 
     topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
     parts = [cell_dataset(train, config, coord, topology, None) for coord in topology.cells()]
-    dumped = config.model_dump(mode="json")
-    jobs = [pool.submit(train_plain, dumped, part, per, seed + 3000 + i) for i, part in enumerate(parts)]
-    built_nets = [built(config, part, job.result()) for part, job in zip(parts, jobs)]
-    nets, critics, times = zip(*built_nets)
-    shares = np.array([len(part) for part in parts], dtype=float)
-    samples = baseline.sample(list(nets), list(critics), shares / shares.sum(), own_data=parts)
-    return Result(name, seed, "indep-regions", sum(per) * len(parts), sum(times), referee.score(samples))
-
-
-def built(
-    config: ExperimentConfig, train: Dataset, job: tuple[dict, dict, float]
-) -> tuple[torch.nn.Module, torch.nn.Module, float]:
-    """(generator, discriminator, seconds) of a baseline trained in the pool."""
-    g_state, d_state, seconds = job
-    generator = build_generator(config.network, train.sample_shape, train.kind)
-    generator.load_state_dict(g_state)
-    critic = build_discriminator(config.network, train.sample_shape, train.kind)
-    critic.load_state_dict(d_state)
-    return generator, critic, seconds
+    nets, critics, seconds = train_baselines(config, parts, per, [seed + 3000 + i for i in range(len(parts))], device)
+    return (nets, critics), parts, seconds
 
 
 @dataclass
@@ -478,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=None, help="keep runs, table.json and table.png here (default: a temp dir)"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="train the grid and the baselines here (cuda: a GPU); scored on the CPU"
+    )
     args = parser.parse_args(argv)
     cases = args.cases or (["ring-3x3"] if args.quick else ["ring-3x3", "grid-4x4"])
     unknown = [c for c in cases if c not in CASES]
@@ -488,21 +452,19 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         results: list[Result] = []
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(2, mp_context=context) as pool:
-            for name in cases:
-                overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
-                for seed in seeds:
-                    for r in evaluate_case(name, seed, overrides, out, pool):
-                        results.append(r)
-                        shown = " ".join(
-                            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.scores.items()
-                        )
-                        print(
-                            f"{r.case} seed {seed} {r.method}: {shown} ({r.steps} steps, {r.seconds:.0f} s)",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+        for name in cases:
+            overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
+            for seed in seeds:
+                for r in evaluate_case(name, seed, overrides, out, args.device):
+                    results.append(r)
+                    shown = " ".join(
+                        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.scores.items()
+                    )
+                    print(
+                        f"{r.case} seed {seed} {r.method}: {shown} ({r.steps} steps, {r.seconds:.0f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         rows = summarise(results)
         print(format_table(rows))
         (out / "table.json").write_text(
