@@ -11,7 +11,11 @@ trainer in metrics.jsonl), on the same data and seeds:
              without coevolution, so the table tells what each of the two contributes.
 Toys: modes covered and high-quality share (HQ) of 2,500 samples, and per-cell diversity (modes
 covered by each cell's own generator, their union). Images: FID with the classifier extractor and
-TVD of its predicted class histogram, against held-out real images the GANs never saw.
+TVD of its predicted class histogram, against held-out real images the GANs never saw, and beside
+FID the memorization ratio (palomino.scoring.memorization): the median pixel distance of a sample to
+its nearest training image over that of a held-out image. About 1 for new images; a row whose mean
+is below 0.9 is flagged as memorizing (`memorizing` in table.json, `!` in the printed table), for
+FID rewards copies of the training images.
 
     python benchmarks/quality.py --quick                  # a few minutes: ring 3×3, short, 2 seeds
     python benchmarks/quality.py ring-3x3 grid-4x4        # 5 seeds each (the default)
@@ -52,6 +56,7 @@ from palomino.runs.filter_rule import FilterRule
 from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
 from palomino.scoring.extractors import ensemble_features
+from palomino.scoring.memorization import MEMORIZING_BELOW, median_nearest_distance
 
 ROOT = Path(__file__).resolve().parent.parent
 MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
@@ -148,6 +153,9 @@ class Referee:
             self.classifier = path
             self.extractor = ClassifierExtractor(path)
             self.real = self.extractor.extract(((held_out.samples + 1) / 2).clamp(0, 1))
+            # The memorization ratio's denominator, once per case: as many held-out images as samples scored.
+            some = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(0))[:IMAGE_SAMPLES]
+            self.held_out_distance = median_nearest_distance(held_out.samples[some], train.samples)
 
     def score(self, samples: torch.Tensor) -> dict[str, float]:
         if self.extractor is None:
@@ -168,7 +176,8 @@ class Referee:
         classes = real_logits.shape[1]
         p = torch.bincount(logits.argmax(1), minlength=classes).double() / len(logits)
         q = torch.bincount(real_logits.argmax(1), minlength=classes).double() / len(real_logits)
-        return {"fid": fid, "tvd": float(total_variation(p, q))}
+        memorization = median_nearest_distance(samples, self.train.samples) / self.held_out_distance
+        return {"fid": fid, "tvd": float(total_variation(p, q)), "memorization": memorization}
 
     def sample_count(self) -> int:
         return SAMPLES if self.extractor is None else IMAGE_SAMPLES
@@ -378,20 +387,41 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
                     "min": float(np.min(values)),
                     "values": values,
                 }
+            if "memorization" in row:  # FID cannot tell copies of the training images from new ones
+                row["memorizing"] = row["memorization"]["mean"] < MEMORIZING_BELOW
             rows.append(row)
     return rows
 
 
+MEMORIZATION_LEGEND = (
+    "memorization: median distance of a sample to its nearest training image over that of a held-out image "
+    f"(pixels in [-1, 1]; about 1 for new images); ! = below {MEMORIZING_BELOW}: memorizing"
+)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    keys = [k for k in ("modes", "hq", "cell_modes", "union", "used", "fid", "tvd") if any(k in r for r in rows)]
+    keys = [
+        k
+        for k in ("modes", "hq", "cell_modes", "union", "used", "fid", "tvd", "memorization")
+        if any(k in r for r in rows)
+    ]
     lines = [
         f"{'case':<12}{'method':<12}{'seeds':>6}"
         + "".join(f"{k:>16}" for k in keys)
         + f"{'G+D steps':>12}{'wall s':>9}"
     ]
+
+    def cell(r: dict[str, Any], k: str) -> str:
+        if k not in r:
+            return f"{'':>16}"
+        flag = "!" if k == "memorization" and r.get("memorizing") else " "
+        return f"{r[k]['mean']:>9.3f}{flag}±{r[k]['sd']:<5.3f}"
+
     for r in rows:
-        cells = "".join(f"{r[k]['mean']:>9.3f} ±{r[k]['sd']:<5.3f}" if k in r else f"{'':>16}" for k in keys)
+        cells = "".join(cell(r, k) for k in keys)
         lines.append(f"{r['case']:<12}{r['method']:<12}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}")
+    if "memorization" in keys:
+        lines.append(MEMORIZATION_LEGEND)
     return "\n".join(lines)
 
 
@@ -421,7 +451,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.set_yscale("log")
             ax.set_ylim(10, 2 * max(r[key]["mean"] for r in mine))
             for i, r in enumerate(mine):
-                ax.text(i, r[key]["mean"] * 1.08, f"{r[key]['mean']:.0f}", ha="center", fontsize=7)
+                flag = " memorizing" if r.get("memorizing") else ""
+                ax.text(i, r[key]["mean"] * 1.08, f"{r[key]['mean']:.0f}{flag}", ha="center", fontsize=7)
         ax.set_title(f"{case} ({key}; {mine[0]['seeds']} seeds)")
         ax.tick_params(axis="x", labelsize=8, labelrotation=20)
     fig.tight_layout()
