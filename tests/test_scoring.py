@@ -390,7 +390,7 @@ def test_palomino_score_on_an_mnist_run(mnist_classifier: Path, mnist_dir: Path,
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FID" in done.stdout and "TVD" in done.stdout and "best (" in done.stdout
     report = json.loads((run / "scores.json").read_text())
-    assert report["metrics"] == ["fid", "is", "kid", "tvd"] and report["samples"] == 300
+    assert report["metrics"] == ["fid", "is", "kid", "tvd", "memorization"] and report["samples"] == 300
     assert report["reference"]["n"] == 1000 and report["reference"]["class_source"] == "labels"
     assert len(list((cache / "real-statistics").glob("*.safetensors"))) == 1
     for scores in [report["best"], *report["cells"].values()]:
@@ -399,6 +399,8 @@ def test_palomino_score_on_an_mnist_run(mnist_classifier: Path, mnist_dir: Path,
         assert 1.0 <= metrics["is"]["value"] <= 10.0 and metrics["is"]["std"] >= 0
         assert 0.0 <= metrics["tvd"]["value"] <= 1.0 and math.isfinite(metrics["kid"]["value"])
         assert scores["extractor"].startswith("classifier-") and scores["n"] == 300
+        memorization = metrics["memorization"]  # against the run's 1,000 digits, calibrated by others of t10k
+        assert memorization["training_images"] == 1000 and memorization["samples"] == 300 and memorization["value"] > 0
 
     # Serially, in this process, the same numbers: workers and sharing the extractor's pass change nothing.
     serial = palomino(*args, "--workers", "1", cwd=tmp_path)
