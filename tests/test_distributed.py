@@ -39,7 +39,7 @@ def config(tmp_path: Path, checkpoint_every: int = 2, **distributed) -> str:
         "training": {
             "iterations": ITERATIONS,
             "batch_size": 64,
-            "batches_per_iteration": 60,
+            "batches_per_iteration": 20,
             "fitness": {"sample_size": 32},
             "mixture": {"score_samples": 64},
             "checkpoint_every": checkpoint_every,
