@@ -17,10 +17,17 @@ its nearest training image over that of a held-out image. About 1 for new images
 is below 0.9 is flagged as memorizing (`memorizing` in table.json, `!` in the printed table), for
 FID rewards copies of the training images.
 
+Tuned baselines (`--rates 1e-4 2e-4 5e-4 1e-3`): every method, the grid included, trains at each
+learning rate with its own budget; each is shown at the rate its validation scores liked best
+(toys: modes, then HQ, of other samples; images: FID against 1,000 training images set aside,
+never trained on and never the held-out images the table reports). The `lr` column lists the
+rate each seed chose; table.json keeps every rate's results under "sweep".
+
     python benchmarks/quality.py --quick                  # a few minutes: ring 3×3, short, 2 seeds
     python benchmarks/quality.py ring-3x3 grid-4x4        # 5 seeds each (the default)
     python benchmarks/quality.py mnist-1x1 mnist-2x2 mnist-3x3 --seeds 0 1 --set training.iterations=20
     python benchmarks/quality.py --out bench/quality      # table.json, table.png and the runs there
+    python benchmarks/quality.py ring-3x3 --seeds 0 1 2 --rates 1e-4 2e-4 5e-4 1e-3   # tuned
 
 Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
 steps in sequence on one; on the other the N independent GANs as one stack (palomino.baselines:
@@ -36,8 +43,9 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
 SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
 IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
+VALIDATION = 1000  # images set aside from the training split when --rates sweeps learning rates
 
 
 @dataclass(frozen=True)
@@ -108,19 +117,32 @@ class Result:
     steps: int
     seconds: float
     scores: dict[str, float] = field(default_factory=dict)
+    rate: float | None = None  # training.learning_rate of the run (set when sweeping --rates)
+    validation: dict[str, float] = field(default_factory=dict)  # the same scores on the validation split
 
 
 # ---- data and scores -------------------------------------------------------------------------
 
 
-def split_data(config: ExperimentConfig, seed: int) -> tuple[Dataset, Dataset | None]:
-    """(training data, held-out data): toys are drawn anew for scoring; images keep 2,000 aside."""
+def split_data(
+    config: ExperimentConfig, seed: int, validation: int = 0
+) -> tuple[Dataset, Dataset | None, Dataset | None]:
+    """(training data, held-out data, validation data): toys are drawn anew for scoring (and sampled
+    with another seed for validation); images keep 2,000 aside, and `validation` more of the
+    training images when a sweep picks learning rates (never trained on, never scored against)."""
     if config.data.name.startswith("gaussian"):
-        return load_dataset(config.data, seed), None
+        return load_dataset(config.data, seed), None, None
+    from dataclasses import replace
+
     from palomino.scoring.classifier import classifier_split
 
     split = classifier_split(config.data, holdout=IMAGE_SAMPLES, seed=0)
-    return split.train, split.test
+    if not validation:
+        return split.train, split.test, None
+    train, labels = split.train.samples, split.train.labels
+    kept = replace(split.train, samples=train[:-validation], labels=None if labels is None else labels[:-validation])
+    apart = replace(split.train, samples=train[-validation:], labels=None if labels is None else labels[-validation:])
+    return kept, split.test, apart
 
 
 @torch.no_grad()
@@ -140,7 +162,14 @@ def draw(generators: list[torch.nn.Module], weights: np.ndarray, n: int, latent:
 class Referee:
     """Scores samples of one case the same way for every method."""
 
-    def __init__(self, config: ExperimentConfig, train: Dataset, held_out: Dataset | None, out: Path) -> None:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        train: Dataset,
+        held_out: Dataset | None,
+        out: Path,
+        validation: Dataset | None = None,
+    ) -> None:
         self.config, self.train, self.held_out = config, train, held_out
         self.extractor = None
         if held_out is not None:
@@ -153,18 +182,22 @@ class Referee:
             self.classifier = path
             self.extractor = ClassifierExtractor(path)
             self.real = self.extractor.extract(((held_out.samples + 1) / 2).clamp(0, 1))
+            self.validation_real = (
+                None if validation is None else self.extractor.extract(((validation.samples + 1) / 2).clamp(0, 1))
+            )
             # The memorization ratio's denominator, once per case: as many held-out images as samples scored.
             some = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(0))[:IMAGE_SAMPLES]
             self.held_out_distance = median_nearest_distance(held_out.samples[some], train.samples)
 
-    def score(self, samples: torch.Tensor) -> dict[str, float]:
+    def score(self, samples: torch.Tensor, validation: bool = False) -> dict[str, float]:
+        """Scores against the held-out images (or, `validation`, the validation images: FID only)."""
         if self.extractor is None:
             coverage = mode_coverage(samples, self.train.modes, self.train.mode_std)
             return {"modes": coverage.covered, "hq": coverage.high_quality}
         from palomino.coevolution.ensemble_search import frechet_distance
 
         features, logits = self.extractor.extract(((samples + 1) / 2).clamp(0, 1))
-        real_features, real_logits = self.real
+        real_features, real_logits = self.validation_real if validation else self.real
         fid = frechet_distance(
             features.double().mean(0),
             torch.cov(features.double().T),
@@ -176,11 +209,18 @@ class Referee:
         classes = real_logits.shape[1]
         p = torch.bincount(logits.argmax(1), minlength=classes).double() / len(logits)
         q = torch.bincount(real_logits.argmax(1), minlength=classes).double() / len(real_logits)
+        if validation:
+            return {"fid": fid, "tvd": float(total_variation(p, q))}
         memorization = median_nearest_distance(samples, self.train.samples) / self.held_out_distance
         return {"fid": fid, "tvd": float(total_variation(p, q)), "memorization": memorization}
 
     def sample_count(self) -> int:
         return SAMPLES if self.extractor is None else IMAGE_SAMPLES
+
+    @staticmethod
+    def worse(scores: dict[str, float]) -> float:
+        """Lower is better: FID for images; for toys modes first, then the high-quality share."""
+        return scores["fid"] if "fid" in scores else -(scores["modes"] + scores["hq"])
 
 
 def selection_score(generator: torch.nn.Module, train: Dataset, latent: int, seed: int, referee: Referee) -> float:
@@ -232,14 +272,26 @@ def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
     return mixture.generators[mixture.components.index(cell)]
 
 
-def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, device: str = "cpu") -> list[Result]:
+def evaluate_case(
+    name: str, seed: int, overrides: list[str], out: Path, device: str = "cpu", sweeping: bool = False
+) -> list[Result]:
+    """Every method's Result for one case, seed and learning rate; `sweeping`: each also scored on
+    the validation split (images: VALIDATION training images set aside; toys: other samples)."""
     case = CASES[name]
     config = load_config(
         ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}", f"device={device}"]
     )
-    train, held_out = split_data(config, seed)
-    referee = Referee(config, train, held_out, out)
+    train, held_out, validation = split_data(config, seed, VALIDATION if sweeping else 0)
+    referee = Referee(config, train, held_out, out, validation)
     latent, n = config.network.latent_dim, referee.sample_count()
+    rate = config.training.learning_rate if sweeping else None
+
+    def judged(method: str, steps: int, seconds: float, sample: Callable[[int], torch.Tensor]) -> Result:
+        """Scored on samples of seed + 100; when sweeping also on the validation split (seed + 300)."""
+        result = Result(name, seed, method, steps, seconds, referee.score(sample(seed + 100)), rate)
+        if sweeping:
+            result.validation = referee.score(sample(seed + 300), validation=True)
+        return result
 
     if referee.extractor is not None:  # the grid's ensemble optimises FID on these features (training data)
         config = config.model_copy(
@@ -248,9 +300,7 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, device:
     run, grid_seconds = run_grid(config, train, out / name)
     g, d, cells = grid_steps(run)
     result = Mixture.load(run.result_dir)
-    grid = Result(
-        name, seed, "grid", g + d, grid_seconds, referee.score(result.sample(n, seed=seed + 100, data_space=False))
-    )
+    grid = judged("grid", g + d, grid_seconds, lambda at: result.sample(n, seed=at, data_space=False))
     if held_out is None:  # per-cell diversity: each cell's own generator, and their union
         per_cell = [
             mode_coverage(draw([own_generator(run, c)], np.ones(1), n, latent, seed + 200), train.modes, train.mode_std)
@@ -275,22 +325,47 @@ def evaluate_case(name: str, seed: int, overrides: list[str], out: Path, device:
         regions = regions_baseline(name, seed, config, train, per, device) if config.training.data_regions else None
         (plain,), (plain_critic,), plain_seconds = plain_job.result()
     baseline = Baseline(config, train, n, seed)
-    results = [grid]
-    results.append(
-        Result(name, seed, "plain", g + d, plain_seconds, referee.score(baseline.sample([plain], [plain_critic])))
-    )
+    results = [grid, judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at))]
     best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
     results.append(
-        Result(name, seed, "indep-best", g + d, seconds, referee.score(baseline.sample([nets[best]], [critics[best]])))
+        judged("indep-best", g + d, seconds, lambda at: baseline.sample([nets[best]], [critics[best]], at=at))
     )
-    results.append(Result(name, seed, "indep-mix", g + d, seconds, referee.score(baseline.sample(nets, critics))))
+    results.append(judged("indep-mix", g + d, seconds, lambda at: baseline.sample(nets, critics, at=at)))
     if regions is not None:
         trained, parts, region_seconds = regions
         shares = np.array([len(part) for part in parts], dtype=float)
-        samples = baseline.sample(*trained, shares / shares.sum(), own_data=parts)
         steps = (per.generator + per.discriminator) * len(parts)
-        results.append(Result(name, seed, "indep-regions", steps, region_seconds, referee.score(samples)))
+        results.append(
+            judged(
+                "indep-regions",
+                steps,
+                region_seconds,
+                lambda at: baseline.sample(*trained, shares / shares.sum(), own_data=parts, at=at),
+            )
+        )
     return results
+
+
+def sweep_case(
+    name: str, seed: int, overrides: list[str], out: Path, device: str, rates: list[float]
+) -> tuple[list[Result], list[Result]]:
+    """(each method at the rate its validation scores liked best, every rate's results): every
+    method, the grid included, runs at each rate with its own budget; the pick never looks at the
+    held-out split the table reports."""
+    every = [
+        r
+        for rate in rates
+        for r in evaluate_case(name, seed, [*overrides, f"training.learning_rate={rate}"], out, device, sweeping=True)
+    ]
+    return pick(every), every
+
+
+def pick(every: list[Result]) -> list[Result]:
+    """Per method, the result whose validation scores are best (the first rate on a tie)."""
+    return [
+        min((r for r in every if r.method == method), key=lambda r: Referee.worse(r.validation))
+        for method in dict.fromkeys(r.method for r in every)
+    ]
 
 
 def regions_baseline(
@@ -326,11 +401,14 @@ class Baseline:
         critics: list[torch.nn.Module],
         weights: np.ndarray | None = None,
         own_data: list[Dataset] | None = None,
+        at: int | None = None,
     ) -> torch.Tensor:
+        """n samples; `at` seeds them (default the case's seed + 100, as the grid's are drawn)."""
+        at = self.seed + 100 if at is None else at
         quantile = self.config.training.ensemble.critic_quantile
         weights = np.full(len(generators), 1 / len(generators)) if weights is None else weights
         if quantile <= 0:
-            return draw(generators, weights, self.n, self.config.network.latent_dim, self.seed + 100)
+            return draw(generators, weights, self.n, self.config.network.latent_dim, at)
         from palomino.coevolution.rejection import CriticFilter
 
         def real(data: Dataset) -> torch.Tensor:
@@ -357,7 +435,7 @@ class Baseline:
         else:
             threshold = CriticFilter.calibrate(critics, real(self.train), quantile).threshold
             mixture.use_filter(FilterRule(threshold=threshold, quantile=quantile))
-        return mixture.sample(self.n, seed=self.seed + 100, data_space=False)
+        return mixture.sample(self.n, seed=at, data_space=False)
 
 
 def _cells(run: RunDirectory) -> list[str]:
@@ -379,6 +457,8 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
                 "steps": mine[0].steps,
                 "seconds": float(np.mean([r.seconds for r in mine])),
             }
+            if mine[0].rate is not None:  # a sweep: the rate each seed's validation split chose
+                row["lr"] = [r.rate for r in mine]
             for key in mine[0].scores:
                 values = [r.scores[key] for r in mine]
                 row[key] = {
@@ -419,7 +499,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
     for r in rows:
         cells = "".join(cell(r, k) for k in keys)
-        lines.append(f"{r['case']:<12}{r['method']:<12}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}")
+        rates = "  lr " + ",".join(f"{x:g}" for x in r["lr"]) if "lr" in r else ""
+        lines.append(
+            f"{r['case']:<12}{r['method']:<12}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}{rates}"
+        )
     if "memorization" in keys:
         lines.append(MEMORIZATION_LEGEND)
     return "\n".join(lines)
@@ -459,6 +542,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def shown(scores: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
+
+
+def report(r: Result, prefix: str = "") -> None:
+    at = "" if r.rate is None else f" lr {r.rate:g}"
+    print(
+        f"{r.case} seed {r.seed} {r.method}{at}: {prefix}{shown(r.scores)} ({r.steps} steps, {r.seconds:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help=f"cases (default: ring-3x3 grid-4x4); any of {', '.join(CASES)}")
@@ -469,6 +565,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="keep runs, table.json and table.png here (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="LR",
+        help="sweep training.learning_rate over these for every method (grid included), each at its own budget; "
+        "the table shows each method at the rate its validation split liked best (e.g. 1e-4 2e-4 5e-4 1e-3)",
     )
     parser.add_argument(
         "--device", default="cpu", help="train the grid and the baselines here (cuda: a GPU); scored on the CPU"
@@ -483,24 +588,33 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         results: list[Result] = []
+        swept: list[Result] = []
         for name in cases:
             overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
             for seed in seeds:
-                for r in evaluate_case(name, seed, overrides, out, args.device):
+                if args.rates:
+                    chosen, every = sweep_case(name, seed, overrides, out, args.device, args.rates)
+                    swept.extend(every)
+                    for r in every:
+                        report(r, "validation " + shown(r.validation) + "; ")
+                else:
+                    chosen = evaluate_case(name, seed, overrides, out, args.device)
+                for r in chosen:
                     results.append(r)
-                    shown = " ".join(
-                        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.scores.items()
-                    )
-                    print(
-                        f"{r.case} seed {seed} {r.method}: {shown} ({r.steps} steps, {r.seconds:.0f} s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    report(r, "chosen: " if args.rates else "")
         rows = summarise(results)
         print(format_table(rows))
         (out / "table.json").write_text(
             json.dumps(
-                {"cases": cases, "seeds": seeds, "overrides": args.overrides, "quick": args.quick, "rows": rows},
+                {
+                    "cases": cases,
+                    "seeds": seeds,
+                    "overrides": args.overrides,
+                    "quick": args.quick,
+                    "rates": args.rates,
+                    "rows": rows,
+                    "sweep": [asdict(r) for r in swept],
+                },
                 indent=2,
             )
         )

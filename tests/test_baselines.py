@@ -76,6 +76,22 @@ def test_a_stack_of_gans_is_each_gan_trained_alone(float64: None, changes: dict)
         assert any(not torch.equal(t[n], i[n]) for n in t if n.startswith("D.")), "the discriminators trained"
 
 
+def test_gans_of_a_stack_take_their_own_learning_rates(float64: None) -> None:
+    cfg = config()
+    data = regions(cfg, [150, 150])
+    rates, budget = [1e-4, 1e-3], Budget(5, 5)
+    together = weights(train_independent(cfg, data, budget, [3, 3], learning_rates=rates))
+    for index, rate in enumerate(rates):
+        alone = weights(
+            train_independent(cfg, data[index : index + 1], budget, [3], stacked=False, learning_rates=[rate])
+        )[0]
+        for name, value in alone.items():
+            torch.testing.assert_close(together[index][name], value, rtol=1e-9, atol=1e-11)
+    assert not torch.equal(together[0]["G.net.0.weight"], together[1]["G.net.0.weight"])
+    with pytest.raises(ValueError, match="1 learning rates for 2 GANs"):
+        train_independent(cfg, data, budget, [3, 3], learning_rates=[1e-4])
+
+
 def test_a_gans_result_does_not_depend_on_the_others(float64: None) -> None:
     cfg = config()
     data = regions(cfg, [150, 150, 150])

@@ -35,8 +35,11 @@ def test_the_referee_scores_images_with_the_memorization_ratio_beside_fid(
     case = quality.CASES["mnist-1x1"]
     overrides = [*case.overrides, f"data.dir={mnist_dir}", "seed=0"]
     config = load_config(REPO / "examples" / f"{case.example}.yaml", overrides)
-    train, held_out = quality.split_data(config, 0)
-    assert (len(train), len(held_out)) == (8000, 2000)
+    train, held_out, none = quality.split_data(config, 0)
+    assert (len(train), len(held_out), none) == (8000, 2000, None)
+    kept, same, validation = quality.split_data(config, 0, validation=1000)  # a sweep's: 1,000 more aside
+    assert (len(kept), len(validation)) == (7000, 1000) and torch.equal(same.samples, held_out.samples)
+    assert torch.equal(torch.cat([kept.samples, validation.samples]), train.samples)
     # The referee trains its classifier once per output folder; a small one here, where it looks.
     small = train_classifier(config.data, holdout=quality.IMAGE_SAMPLES, train_size=1000, test_size=200, epochs=1)
     save_classifier(small, tmp_path / f"classifier-{config.data.name}.safetensors")
@@ -68,3 +71,54 @@ def test_the_table_and_its_rows_flag_a_memorizing_method(quality: ModuleType) ->
     # The toys' table is as it was: no memorization column, no legend.
     toy = quality.format_table(quality.summarise([Result("ring-3x3", 0, "grid", 10, 1.0, {"modes": 8, "hq": 1.0})]))
     assert "memorization" not in toy and "!" not in toy
+
+
+def test_a_sweep_shows_each_method_at_the_rate_its_validation_split_chose(quality: ModuleType) -> None:
+    Result = quality.Result
+
+    def result(method: str, rate: float, valid_fid: float, test_fid: float) -> Result:
+        return Result("mnist-3x3", 0, method, 100, 1.0, {"fid": test_fid}, rate, {"fid": valid_fid})
+
+    every = [
+        result("grid", 1e-3, 30.0, 31.0),
+        result("plain", 1e-3, 800.0, 790.0),
+        result("grid", 2e-4, 35.0, 20.0),  # better on the held-out split: must not be picked for that
+        result("plain", 2e-4, 240.0, 245.0),
+    ]
+    chosen = quality.pick(every)
+    assert [(r.method, r.rate) for r in chosen] == [("grid", 1e-3), ("plain", 2e-4)]
+    toys = [
+        Result("ring-3x3", 0, "plain", 1, 1.0, {}, rate, {"modes": modes, "hq": hq})
+        for rate, modes, hq in ((1e-3, 7, 0.99), (5e-4, 8, 0.90), (2e-4, 8, 0.95))
+    ]
+    assert quality.pick(toys)[0].rate == 2e-4  # modes first, then the high-quality share
+    rows = quality.summarise(chosen)
+    assert rows[1]["lr"] == [2e-4] and "lr 0.0002" in quality.format_table(rows)
+
+
+def test_the_referee_runs_a_short_sweep_end_to_end(quality: ModuleType, tmp_path: Path) -> None:
+    import json
+
+    # A short 2×2 run of the ring case; no discriminator filter (rejection sampling from untrained
+    # GANs draws for half a minute), which the case otherwise samples through.
+    short = [
+        f"--set={change}"
+        for change in (
+            "grid.rows=2",
+            "grid.cols=2",
+            "training.iterations=2",
+            "training.batches_per_iteration=2",
+            "training.fitness.sample_size=64",
+            "training.ensemble.critic_quantile=0",
+        )
+    ]
+    code = quality.main(["ring-3x3", "--seeds", "0", "--rates", "1e-3", "2e-4", *short, "--out", str(tmp_path)])
+    assert code == 0
+    table = json.loads((tmp_path / "table.json").read_text())
+    methods = {"grid", "plain", "indep-best", "indep-mix", "indep-regions"}
+    assert {row["method"] for row in table["rows"]} == methods
+    assert all(row["lr"][0] in (1e-3, 2e-4) and "hq" in row for row in table["rows"])
+    swept = {(r["method"], r["rate"]) for r in table["sweep"]}
+    assert swept == {(m, rate) for m in methods for rate in (1e-3, 2e-4)}
+    assert all(set(r["validation"]) == {"modes", "hq"} for r in table["sweep"])
+    assert (tmp_path / "table.png").stat().st_size > 0

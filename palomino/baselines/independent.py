@@ -48,16 +48,19 @@ class PlainGan:
     discriminator: nn.Module
     data: Dataset
     stream: torch.Generator  # its batches' indices and its noise, on the CPU
+    learning_rate: float  # before the decay schedule
 
     @classmethod
-    def build(cls, config: ExperimentConfig, data: Dataset, seed: int, device: torch.device) -> PlainGan:
+    def build(
+        cls, config: ExperimentConfig, data: Dataset, seed: int, device: torch.device, learning_rate: float
+    ) -> PlainGan:
         if config.network.conditional:
             raise ValueError("the plain baselines are unconditional; set network.conditional: false")
         with torch.random.fork_rng(devices=[]):  # the initial weights from `seed`, the caller's RNG untouched
             torch.manual_seed(seed)
             generator = build_generator(config.network, data.sample_shape, data.kind).to(device)
             discriminator = build_discriminator(config.network, data.sample_shape, data.kind).to(device)
-        return cls(generator, discriminator, data, torch.Generator().manual_seed(seed))
+        return cls(generator, discriminator, data, torch.Generator().manual_seed(seed), learning_rate)
 
     def batch_size(self, config: ExperimentConfig) -> int:
         return min(config.training.batch_size, len(self.data))
@@ -76,18 +79,23 @@ def train_independent(
     seeds: Sequence[int],
     device: str | torch.device = "cpu",
     stacked: bool | None = None,
+    learning_rates: Sequence[float] | None = None,
 ) -> list[tuple[nn.Module, nn.Module]]:
     """(generator, discriminator) of GAN i, trained on `datasets[i]` from `seeds[i]` for `budget`.
 
     `stacked`: None stacks perceptrons and trains other networks one by one; False trains every
-    GAN one by one (the reference form, for tests and benchmarks)."""
+    GAN one by one (the reference form, for tests and benchmarks). `learning_rates[i]`: GAN i's
+    step size (default training.learning_rate for all), so a sweep over rates is one stack too."""
     if len(datasets) != len(seeds):
         raise ValueError(f"{len(datasets)} datasets but {len(seeds)} seeds: one of each per GAN")
     for index, data in enumerate(datasets):
         if not len(data):
             raise ValueError(f"dataset {index} is empty: every GAN needs data to train on")
+    rates = [config.training.learning_rate] * len(seeds) if learning_rates is None else list(learning_rates)
+    if len(rates) != len(seeds):
+        raise ValueError(f"{len(rates)} learning rates for {len(seeds)} GANs: one per GAN")
     device = torch.device(device)
-    gans = [PlainGan.build(config, data, seed, device) for data, seed in zip(datasets, seeds)]
+    gans = [PlainGan.build(config, data, seed, device, rate) for data, seed, rate in zip(datasets, seeds, rates)]
     if stacked is None:
         stacked = bool(gans) and stackable(gans[0].generator) and stackable(gans[0].discriminator)
     if stacked:
@@ -107,12 +115,12 @@ def _train_one(config: ExperimentConfig, gan: PlainGan, budget: Budget, device: 
     t = config.training
     loss = get_loss(t.losses[0])
     G, D = gan.generator.train(), gan.discriminator.train()
-    opt_g = torch.optim.Adam(G.parameters(), lr=t.learning_rate, betas=t.adam_betas)
-    opt_d = torch.optim.Adam(D.parameters(), lr=t.learning_rate, betas=t.adam_betas)
+    opt_g = torch.optim.Adam(G.parameters(), lr=gan.learning_rate, betas=t.adam_betas)
+    opt_d = torch.optim.Adam(D.parameters(), lr=gan.learning_rate, betas=t.adam_betas)
     for step in range(budget.generator):
         scale = decay_factor(t.decay, step / budget.generator)  # the grid's schedule over the same share
         for group in [*opt_g.param_groups, *opt_d.param_groups]:
-            group["lr"] = t.learning_rate * scale
+            group["lr"] = gan.learning_rate * scale
         z = gan.noise(config).to(device)
         opt_g.zero_grad(set_to_none=True)
         loss.generator(D(G(z))).backward(inputs=list(G.parameters()))
@@ -143,10 +151,9 @@ class _Stack:
 
     def train(self, budget: Budget) -> None:
         t = self.config.training
+        base = torch.tensor([gan.learning_rate for gan in self.gans], dtype=torch.float64)
         for step in range(budget.generator):
-            rates = torch.full(
-                (len(self.gans),), t.learning_rate * decay_factor(t.decay, step / budget.generator), dtype=torch.float64
-            ).to(self.device, non_blocking=True)
+            rates = (base * decay_factor(t.decay, step / budget.generator)).to(self.device, non_blocking=True)
             self._generator_step(rates)
             for _ in range(budget.discriminator_steps_after(step)):
                 self._discriminator_step(rates)
