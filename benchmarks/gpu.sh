@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 22's GPU figures in one call on a lent GPU host (its python has torch and nothing else of
+# ours): the tile's steps for K = 1 … 576 MNIST perceptron cells, a 12×12 grid's whole iterations by
+# phase, the referee's baselines stacked, and the one-cell loop for reference. Tables go to stdout
+# and to $OUT (or ./gpu-out).
+#
+# Before the call, on the development machine (both folders are git-ignored and must be carried):
+#   ../shared/tools/gpu-wheels.sh               # .whl/: pydantic, ... for Python 3.12
+#   mkdir -p .data && cp -r <your copy of the MNIST test split> .data/mnist
+# Then: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh tries it on a CPU)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICE=${DEVICE:-cuda}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+if [ -d .whl ] && ! python3 -c "import pydantic_settings" 2>/dev/null; then
+  W=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$W" .whl/*.whl
+  export PYTHONPATH="$W:$PWD"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PALOMINO_DATA_DIR=${PALOMINO_DATA_DIR:-$PWD/.data}
+if [ -n "${QUICK:-}" ]; then  # a smoke test of this script, not a measurement
+  cells=(1 9) batches=5 grid=2 iterations=1 rounds=1
+else
+  cells=(1 9 36 144 576) batches=100 grid=12 iterations=3 rounds=3
+fi
+python3 - <<'PY' | tee "$out/device.txt"
+import torch
+print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")
+PY
+run() {  # name, then the command: its output to the screen and to $out/<name>.txt
+  local name=$1; shift
+  echo "== $name: $*"
+  "$@" 2>&1 | tee "$out/$name.txt"
+}
+run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
+run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"
+run baselines python3 benchmarks/tiles.py --model ring --cells --baselines "${cells[@]:0:4}" --batches $((batches * 2)) --rounds "$rounds" --device "$DEVICE"
+run step-throughput python3 benchmarks/step_throughput.py --device "$DEVICE" --batches "$batches" --rounds "$rounds" --network mlp
+echo "== tables in $out"
