@@ -161,6 +161,20 @@ def last_line(text: str) -> str:
 
 
 @pytest.fixture
+def float64() -> Iterator[None]:
+    """torch's default dtype float64 for the test (equality checks where only the order of float
+    operations differs); torch is imported here, not when this module loads."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.fixture
 def tiny_config() -> dict[str, Any]:
     return tiny()
 

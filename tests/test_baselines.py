@@ -3,7 +3,6 @@ are, GAN by GAN, the GANs trained alone (float64, where only the order of float 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,6 @@ from conftest import tiny
 from palomino.baselines import Budget, train_independent
 from palomino.config import ExperimentConfig, parse_config
 from palomino.data import Dataset, load_dataset
-
-
-@pytest.fixture
-def float64() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def config(**changes: Any) -> ExperimentConfig:

@@ -9,7 +9,6 @@ resuming a tiled checkpoint untiled and back, and `palomino train` with tiles on
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,16 +23,6 @@ from palomino.grid import Coord, Topology
 from palomino.nn import build_discriminator, build_generator
 from palomino.nn.stacked import StackedMLP, stack, stackable, unstack
 from palomino.nn.stacked_adam import StackedAdam
-
-
-@pytest.fixture
-def float64() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def config(**changes: Any) -> ExperimentConfig:
