@@ -4,12 +4,31 @@
 # phase, the referee's baselines stacked, and the one-cell loop for reference. Tables go to stdout
 # and to $OUT (or ./gpu-out).
 #
-# Before the call, on the development machine (both folders are git-ignored and must be carried):
-#   ../shared/tools/gpu-wheels.sh               # .whl/: pydantic, ... for Python 3.12
-#   mkdir -p .data && cp -r <your copy of the MNIST test split> .data/mnist
-# Then: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh tries it on a CPU)
+# Before the call, on the development machine: `bash benchmarks/gpu.sh prepare` puts wheels of what
+# the host lacks (pydantic, ...; Python 3.12, x86-64, the versions of .venv) in .whl/ and a copy of
+# $PALOMINO_DATA_DIR/mnist in .data/mnist; both folders are git-ignored, so carry them along.
+# Then, on the host: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh: a CPU try)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = prepare ]; then
+  [ -x .venv/bin/pip ] || { echo "run make first: no .venv here" >&2; exit 1; }
+  mkdir -p .whl
+  for p in pydantic pydantic-core annotated-types typing-inspection typing-extensions pydantic-settings \
+    python-dotenv platformdirs fastapi starlette uvicorn aio-pika aiormq pamqp redis sse-starlette; do
+    v=$(.venv/bin/pip show "$p" 2>/dev/null | awk '/^Version:/{print $2}')
+    [ -n "$v" ] || { echo "not in .venv, skipped: $p" >&2; continue; }
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .whl "$p==$v" || echo "no wheel found: $p==$v" >&2
+  done
+  if [ -d "${PALOMINO_DATA_DIR:-}/mnist" ]; then
+    mkdir -p .data && cp -r "$PALOMINO_DATA_DIR/mnist" .data/
+  else
+    echo "no \$PALOMINO_DATA_DIR/mnist: the host measures on random images of MNIST's shape" >&2
+  fi
+  ls .whl .data 2>/dev/null
+  exit 0
+fi
 DEVICE=${DEVICE:-cuda}
 out=${OUT:-gpu-out}
 mkdir -p "$out"

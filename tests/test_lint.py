@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,27 @@ def test_no_test_module_imports_another() -> None:
         if (hits := sorted({a or b for a, b in pattern.findall(path.read_text())} & names))
     }
     assert found == {}, f"test modules importing test modules: {found}"
+
+
+# A path of one machine (a home folder, a workspace) or a folder beside the checkout; the Makefile and
+# .ci/run may point PALOMINO_DATA_DIR at such a copy, and the images' own user has /home/palomino.
+MACHINE_PATH = re.compile(r"\.\./shared|/work/|/root/|/Users/|/home/(?!palomino\b)[\w.-]+")
+MAY_NAME_ONE = {"Makefile", ".ci/run", "tests/test_lint.py"}  # this file: for the pattern above
+
+
+def test_no_tracked_file_names_a_path_of_one_machine() -> None:
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: no list of tracked files")
+    found = []
+    for name in listed.stdout.splitlines():
+        path = REPO / name
+        if name in MAY_NAME_ONE or not path.is_file():
+            continue
+        text = path.read_bytes()
+        if b"\0" in text[:4096]:
+            continue  # binary
+        for number, line in enumerate(text.decode(errors="replace").splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                found.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert not found, "paths of one machine (use palomino.data.data_dir / $PALOMINO_DATA_DIR):\n" + "\n".join(found)
