@@ -134,14 +134,20 @@ def split_data(
         return load_dataset(config.data, seed), None, None
     from dataclasses import replace
 
+    from palomino.data.dataset import subset_indices
     from palomino.scoring.classifier import classifier_split
 
     split = classifier_split(config.data, holdout=IMAGE_SAMPLES, seed=0)
+    train_split = split.train
+    if config.data.size and config.data.size < len(train_split):  # the case's data.size, as `palomino train` takes it
+        keep = torch.from_numpy(subset_indices(len(train_split), config.data.size, 0, "the training split"))
+        labels = None if train_split.labels is None else train_split.labels[keep]
+        train_split = replace(train_split, samples=train_split.samples[keep], labels=labels)
     if not validation:
-        return split.train, split.test, None
-    train, labels = split.train.samples, split.train.labels
-    kept = replace(split.train, samples=train[:-validation], labels=None if labels is None else labels[:-validation])
-    apart = replace(split.train, samples=train[-validation:], labels=None if labels is None else labels[-validation:])
+        return train_split, split.test, None
+    train, labels = train_split.samples, train_split.labels
+    kept = replace(train_split, samples=train[:-validation], labels=None if labels is None else labels[:-validation])
+    apart = replace(train_split, samples=train[-validation:], labels=None if labels is None else labels[-validation:])
     return kept, split.test, apart
 
 

@@ -122,3 +122,14 @@ def test_the_referee_runs_a_short_sweep_end_to_end(quality: ModuleType, tmp_path
     assert swept == {(m, rate) for m in methods for rate in (1e-3, 2e-4)}
     assert all(set(r["validation"]) == {"modes", "hq"} for r in table["sweep"])
     assert (tmp_path / "table.png").stat().st_size > 0
+
+
+def test_the_fashion_case_trains_on_its_data_size(quality: ModuleType, fashion_mnist_dir: Path) -> None:
+    # classifier_split takes whole splits: the case's data.size=10000 was dropped and the GANs saw 60,000.
+    from palomino.config.loading import load_config
+
+    case = quality.CASES["fashion-3x3"]
+    config = load_config(REPO / "examples" / f"{case.example}.yaml", [*case.overrides, f"data.dir={fashion_mnist_dir}"])
+    train, held_out, _ = quality.split_data(config, 0)
+    assert (len(train), len(held_out)) == (10_000, 10_000)
+    assert len(train.labels.unique()) == 10
