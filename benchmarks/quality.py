@@ -132,23 +132,17 @@ def split_data(
     training images when a sweep picks learning rates (never trained on, never scored against)."""
     if config.data.name.startswith("gaussian"):
         return load_dataset(config.data, seed), None, None
-    from dataclasses import replace
-
     from palomino.data.dataset import subset_indices
     from palomino.scoring.classifier import classifier_split
 
     split = classifier_split(config.data, holdout=IMAGE_SAMPLES, seed=0)
-    train_split = split.train
-    if config.data.size and config.data.size < len(train_split):  # the case's data.size, as `palomino train` takes it
-        keep = torch.from_numpy(subset_indices(len(train_split), config.data.size, 0, "the training split"))
-        labels = None if train_split.labels is None else train_split.labels[keep]
-        train_split = replace(train_split, samples=train_split.samples[keep], labels=labels)
+    train = split.train
+    if config.data.size and config.data.size < len(train):  # the case's data.size, as `palomino train` takes it
+        train = train.rows(torch.from_numpy(subset_indices(len(train), config.data.size, 0, "the training split")))
     if not validation:
-        return train_split, split.test, None
-    train, labels = train_split.samples, train_split.labels
-    kept = replace(train_split, samples=train[:-validation], labels=None if labels is None else labels[:-validation])
-    apart = replace(train_split, samples=train[-validation:], labels=None if labels is None else labels[-validation:])
-    return kept, split.test, apart
+        return train, split.test, None
+    kept, apart = torch.arange(len(train)).split([len(train) - validation, validation])
+    return train.rows(kept), split.test, train.rows(apart)
 
 
 @torch.no_grad()
@@ -328,7 +322,7 @@ def evaluate_case(
         nets, critics, seconds = train_baselines(
             config, [train] * cells, per, [seed + 2000 + i for i in range(cells)], device
         )
-        regions = regions_baseline(name, seed, config, train, per, device) if config.training.data_regions else None
+        regions = regions_baseline(seed, config, train, per, device) if config.training.data_regions else None
         (plain,), (plain_critic,), plain_seconds = plain_job.result()
     baseline = Baseline(config, train, n, seed)
     results = [grid, judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at))]
@@ -375,7 +369,7 @@ def pick(every: list[Result]) -> list[Result]:
 
 
 def regions_baseline(
-    name: str, seed: int, config: ExperimentConfig, train: Dataset, per: Budget, device: str
+    seed: int, config: ExperimentConfig, train: Dataset, per: Budget, device: str
 ) -> tuple[tuple[list[torch.nn.Module], list[torch.nn.Module]], list[Dataset], float]:
     """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits
     it): ((generators, discriminators), their data, seconds)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -54,7 +53,7 @@ def select_classes(dataset: Dataset, classes: Sequence[int], size: int = 0, seed
     sub = subset_indices(len(index), size, seed, f"{dataset.name} restricted to classes {sorted(classes)}")
     if sub is not None:
         index = index[torch.from_numpy(sub)]
-    return _take(dataset, index)
+    return dataset.rows(index)
 
 
 def class_subset(dataset: Dataset, label: int) -> Dataset:
@@ -63,12 +62,7 @@ def class_subset(dataset: Dataset, label: int) -> Dataset:
     index = (labels == label).nonzero().squeeze(1)
     if len(index) == 0:
         raise DatasetError(f"class {label} has no samples in {dataset.name} ({len(dataset)} samples)")
-    return _take(dataset, index)
-
-
-def _take(dataset: Dataset, index: torch.Tensor) -> Dataset:
-    assert dataset.labels is not None
-    return dataclasses.replace(dataset, samples=dataset.samples[index], labels=dataset.labels[index])
+    return dataset.rows(index)
 
 
 def _labels(dataset: Dataset, purpose: str) -> torch.Tensor:
@@ -82,5 +76,4 @@ def diet(dataset: Dataset, share: float, seed: int) -> Dataset:
     keep = max(1, round(len(dataset) * share))
     g = torch.Generator().manual_seed(seed)
     index = torch.randperm(len(dataset), generator=g)[:keep].sort().values
-    labels = None if dataset.labels is None else dataset.labels[index]
-    return dataclasses.replace(dataset, samples=dataset.samples[index], labels=labels)
+    return dataset.rows(index)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -39,6 +39,11 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def rows(self, index: torch.Tensor) -> Dataset:
+        """The samples at `index` (and their labels): a subset, a region, a class, a split."""
+        labels = None if self.labels is None else self.labels[index]
+        return replace(self, samples=self.samples[index], labels=labels)
 
     def to_data_space(self, x: torch.Tensor) -> torch.Tensor:
         """Model output → what the data looks like: pixels in [0, 1], points unchanged."""

@@ -9,8 +9,6 @@ image for these few lines.)
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from palomino.data.dataset import Dataset
@@ -58,5 +56,4 @@ def region_labels(dataset: Dataset, k: int, seed: int) -> torch.Tensor:
 def regions_subset(dataset: Dataset, labels: torch.Tensor, regions: set[int]) -> Dataset:
     """The samples whose region is in `regions`."""
     index = torch.isin(labels, torch.tensor(sorted(regions), dtype=labels.dtype)).nonzero().squeeze(1)
-    samples_labels = None if dataset.labels is None else dataset.labels[index]
-    return dataclasses.replace(dataset, samples=dataset.samples[index], labels=samples_labels)
+    return dataset.rows(index)

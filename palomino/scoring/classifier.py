@@ -141,12 +141,6 @@ class Split:
     description: str
 
 
-def _subset(dataset: Dataset, index: torch.Tensor) -> Dataset:
-    return Dataset(
-        dataset.name, dataset.samples[index], dataset.labels[index], dataset.kind, class_names=dataset.class_names
-    )
-
-
 def _try_split(data: DataConfig, split: str, seed: int) -> Dataset | None:
     try:  # never download just to find out which splits are here
         return load_dataset(data.model_copy(update={"split": split, "size": 0, "download": False}), seed)
@@ -174,8 +168,8 @@ def classifier_split(data: DataConfig, holdout: int = 2000, seed: int = 0) -> Sp
     order = torch.randperm(len(only), generator=torch.Generator().manual_seed(seed))
     which = "training" if train is not None else "test"
     return Split(
-        _subset(only, order[holdout:]),
-        _subset(only, order[:holdout]),
+        only.rows(order[holdout:]),
+        only.rows(order[:holdout]),
         f"only the {which} split is here: {len(only) - holdout} of its images for training, {holdout} for testing",
     )
 
@@ -267,9 +261,9 @@ def train_classifier(
         if size < 0:
             raise ConfigError(f"--{name}-size {size}: must be ≥ 0 (0 = all)")
     if train_size:
-        train = _subset(train, torch.randperm(len(train), generator=generator)[:train_size])
+        train = train.rows(torch.randperm(len(train), generator=generator)[:train_size])
     if test_size:
-        test = _subset(test, torch.randperm(len(test), generator=generator)[:test_size])
+        test = test.rows(torch.randperm(len(test), generator=generator)[:test_size])
     classes = int(max(train.labels.max(), test.labels.max())) + 1
     class_names = train.class_names or tuple(str(c) for c in range(classes))
     epochs = epochs or default_epochs(len(train))
@@ -412,7 +406,7 @@ def import_classifier(
     if test.kind != "image" or test.labels is None:
         raise ConfigError(f"--data {data.name}: the classifier needs labelled images")
     if test_size:
-        test = _subset(test, torch.randperm(len(test), generator=torch.Generator().manual_seed(seed))[:test_size])
+        test = test.rows(torch.randperm(len(test), generator=torch.Generator().manual_seed(seed))[:test_size])
     classes = test.class_names or tuple(str(c) for c in range(int(test.labels.max()) + 1))
     architecture = architecture_of(LIPIZZANER)
     net = build_net(architecture, LIPIZZANER_SHAPE, len(classes))
