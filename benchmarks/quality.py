@@ -64,7 +64,7 @@ from palomino.runs.filter_rule import FilterRule
 from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
 from palomino.scoring.extractors import ensemble_features
-from palomino.scoring.memorization import MEMORIZING_BELOW, median_nearest_distance
+from palomino.scoring.memorization import MEMORIZING_BELOW, MemorizationScale
 
 ROOT = Path(__file__).resolve().parent.parent
 MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
@@ -187,7 +187,7 @@ class Referee:
             )
             # The memorization ratio's denominator, once per case: as many held-out images as samples scored.
             some = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(0))[:IMAGE_SAMPLES]
-            self.held_out_distance = median_nearest_distance(held_out.samples[some], train.samples)
+            self.memorization = MemorizationScale.calibrate(train.samples, held_out.samples[some])
 
     def score(self, samples: torch.Tensor, validation: bool = False) -> dict[str, float]:
         """Scores against the held-out images (or, `validation`, the validation images: FID only)."""
@@ -211,7 +211,7 @@ class Referee:
         q = torch.bincount(real_logits.argmax(1), minlength=classes).double() / len(real_logits)
         if validation:
             return {"fid": fid, "tvd": float(total_variation(p, q))}
-        memorization = median_nearest_distance(samples, self.train.samples) / self.held_out_distance
+        memorization = self.memorization.of(samples).ratio
         return {"fid": fid, "tvd": float(total_variation(p, q)), "memorization": memorization}
 
     def sample_count(self) -> int:

@@ -94,6 +94,42 @@ class Memorization:
         }
 
 
+@dataclass(frozen=True)
+class MemorizationScale:
+    """The training images and the held-out images' median distance to them, measured once, for
+    every set of samples scored against them (the referee's methods, a run's mixtures)."""
+
+    train: torch.Tensor
+    held_out: float
+    held_out_images: int
+    query_chunk: int = QUERY_CHUNK
+    reference_chunk: int = REFERENCE_CHUNK
+
+    @classmethod
+    def calibrate(
+        cls,
+        train: torch.Tensor,
+        held_out: torch.Tensor,
+        *,
+        query_chunk: int = QUERY_CHUNK,
+        reference_chunk: int = REFERENCE_CHUNK,
+    ) -> MemorizationScale:
+        """`held_out`: real images none of which is in `train`, in the same pixel space."""
+        median = median_nearest_distance(held_out, train, query_chunk=query_chunk, reference_chunk=reference_chunk)
+        return cls(train, median, len(held_out), query_chunk, reference_chunk)
+
+    def of(self, generated: torch.Tensor) -> Memorization:
+        return Memorization(
+            generated=median_nearest_distance(
+                generated, self.train, query_chunk=self.query_chunk, reference_chunk=self.reference_chunk
+            ),
+            held_out=self.held_out,
+            samples=len(generated),
+            held_out_images=self.held_out_images,
+            training_images=len(self.train),
+        )
+
+
 def memorization_ratio(
     generated: torch.Tensor,
     train: torch.Tensor,
@@ -105,10 +141,4 @@ def memorization_ratio(
     """The ratio of `generated` samples against the `train` images, calibrated by `held_out` real images
     (none of them in `train`); all in the same pixel space, generator space [−1, 1] by convention."""
     chunks = {"query_chunk": query_chunk, "reference_chunk": reference_chunk}
-    return Memorization(
-        generated=median_nearest_distance(generated, train, **chunks),
-        held_out=median_nearest_distance(held_out, train, **chunks),
-        samples=len(generated),
-        held_out_images=len(held_out),
-        training_images=len(train),
-    )
+    return MemorizationScale.calibrate(train, held_out, **chunks).of(generated)

@@ -34,7 +34,7 @@ from palomino.runs.mixture import ClassMixture, Mixture
 from palomino.runs.result import CLASS_MIXTURE
 from palomino.scoring.extractors import FeatureExtractor, build_extractor, scoring_cache_dir
 from palomino.scoring.held_out import HeldOut, held_out_images
-from palomino.scoring.memorization import Memorization, median_nearest_distance
+from palomino.scoring.memorization import MemorizationScale
 from palomino.scoring.metrics import IMAGE_METRICS, build_metrics, compute_metrics, update_metrics
 from palomino.scoring.modes import mode_coverage
 from palomino.scoring.options import ScoringOptions
@@ -113,7 +113,7 @@ class ScoringContext:
     label: int | None = None
     held_out: HeldOut | None = None  # real images never trained on: `memorization` is calibrated by them
     no_held_out: str = ""  # why there are none
-    _held_out_median: float | None = field(default=None, repr=False)
+    _memorization_scale: MemorizationScale | None = field(default=None, repr=False)
     _per_class: dict[int, ScoringContext] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -217,16 +217,9 @@ class ScoringContext:
     def _memorization(self, samples: torch.Tensor) -> dict[str, Any]:
         """The memorization ratio of `samples` (data space, [0, 1]) in generator space, as the training images are."""
         assert self.held_out is not None
-        train = self.dataset.samples
-        if self._held_out_median is None:  # once per context: the held-out images do not change
-            self._held_out_median = median_nearest_distance(self.held_out.images, train)
-        result = Memorization(
-            generated=median_nearest_distance(samples * 2 - 1, train),
-            held_out=self._held_out_median,
-            samples=len(samples),
-            held_out_images=len(self.held_out.images),
-            training_images=len(train),
-        )
+        if self._memorization_scale is None:  # once per context: the held-out images do not change
+            self._memorization_scale = MemorizationScale.calibrate(self.dataset.samples, self.held_out.images)
+        result = self._memorization_scale.of(samples * 2 - 1)
         return {**result.as_dict(), "held_out_source": self.held_out.source}
 
     def _chunks(self) -> list[tuple[int, int]]:
