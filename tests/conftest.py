@@ -208,6 +208,35 @@ def mnist_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def mnist_classifier(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> Path:
+    """A classifier of MNIST trained by `palomino classifier train` at reduced size (seconds): the
+    scoring tests' extractor (test_scoring.py checks that it beats 95 %)."""
+    folder = tmp_path_factory.mktemp("classifier")
+    out = folder / "mnist.safetensors"
+    done = palomino(
+        "classifier",
+        "train",
+        "--data",
+        "mnist",
+        "--data-dir",
+        mnist_dir,
+        "--out",
+        out,
+        "--train-size",
+        "4000",
+        "--test-size",
+        "1000",
+        "--epochs",
+        "4",
+        cwd=folder,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert last_line(done.stdout) == str(out)
+    assert "test accuracy" in done.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
 def fashion_mnist_dir() -> Path:
     """Debian's Fashion-MNIST (the dataset-fashion-mnist package; `make test` installs it)."""
     from palomino.data.idx import DEBIAN_FASHION_MNIST

@@ -3,8 +3,8 @@ of its class distribution), each class's best mixture and each cell against its 
 only, real statistics cached per class, and the same for a single mixture of one class (what the
 scorer service gets from a partitioned distributed run).
 
-The MNIST tests use MNIST's test split (the `mnist_dir` fixture), three of its classes, and a classifier
-trained here at a tiny budget (seconds; its accuracy only has to beat chance clearly).
+The MNIST tests use MNIST's test split (the `mnist_dir` fixture), three of its classes, and the
+session's classifier (the `mnist_classifier` fixture, trained at reduced size in seconds).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conftest import last_line, palomino, tiny, write_yaml
 from safetensors.torch import load_file
 from torch import nn
 
-from palomino.config import DataConfig, load_config
+from palomino.config import load_config
 from palomino.data import class_counts, load_dataset
 from palomino.errors import DatasetError, PalominoError
 from palomino.runs import Mixture
@@ -126,14 +126,9 @@ def test_a_partitioned_toy_run_is_scored_class_by_class(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def mnist_run(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> tuple[Path, Path]:
-    """(a finished 3-class partitioned MNIST run, a classifier of MNIST) — both made here in seconds."""
-    from palomino.scoring.classifier import save_classifier, train_classifier
-
+def mnist_run(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path, mnist_classifier: Path) -> tuple[Path, Path]:
+    """(a finished 3-class partitioned MNIST run made here in seconds, the session's MNIST classifier)."""
     folder = tmp_path_factory.mktemp("partitioned-scoring")
-    trained = train_classifier(DataConfig(name="mnist", dir=mnist_dir), train_size=3000, test_size=1000, epochs=3)
-    assert trained.accuracy > 0.6, trained.meta  # far from the real one's 99 %, plenty to tell digits apart
-    classifier = save_classifier(trained, folder / "mnist.safetensors")
     raw = tiny(
         name="pmnist",
         training={"iterations": 2, "batches_per_iteration": 5, "checkpoint_every": 0, "sample_every": 0},
@@ -150,7 +145,7 @@ def mnist_run(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> tupl
     raw["grid"] = {"per_class": "1x2"}
     done = palomino("train", write_yaml(folder / "pmnist.yaml", raw), "--out", folder / "runs", cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
-    return Path(last_line(done.stdout)), classifier
+    return Path(last_line(done.stdout)), mnist_classifier
 
 
 def test_palomino_score_scores_each_class_against_its_own_digits(mnist_run: tuple[Path, Path], tmp_path: Path) -> None:

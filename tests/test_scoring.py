@@ -1,9 +1,10 @@
 """The scoring library: FID/IS/KID through torchmetrics, TVD, the real-statistics cache, the extractors'
-errors, and `palomino score` on real finished runs (a toy run; an MNIST run with a classifier trained here).
+errors, and `palomino score` on real finished runs (a toy run; an MNIST run with the session's classifier).
 
 The metrics' arithmetic is checked against closed forms computed independently in the tests; the
 classifier-backed tests use MNIST's test split (the `mnist_dir` fixture) and a classifier that
-`palomino classifier train` trains at reduced size in the module fixture (tests/test_classifier.py).
+`palomino classifier train` trains at reduced size once a session (the `mnist_classifier` fixture
+in conftest.py; its accuracy is checked here).
 """
 
 from __future__ import annotations
@@ -275,33 +276,6 @@ def test_scoring_section_of_the_experiment_is_validated(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def mnist(mnist_dir: Path) -> DataConfig:
     return DataConfig(name="mnist", dir=mnist_dir, split="test")
-
-
-@pytest.fixture(scope="module")
-def mnist_classifier(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> Path:
-    folder = tmp_path_factory.mktemp("classifier")
-    out = folder / "mnist.safetensors"
-    done = palomino(
-        "classifier",
-        "train",
-        "--data",
-        "mnist",
-        "--data-dir",
-        mnist_dir,
-        "--out",
-        out,
-        "--train-size",
-        "4000",
-        "--test-size",
-        "1000",
-        "--epochs",
-        "4",
-        cwd=folder,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert last_line(done.stdout) == str(out)
-    assert "test accuracy" in done.stderr
-    return out
 
 
 @pytest.mark.slow
