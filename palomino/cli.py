@@ -26,6 +26,7 @@ from rich.progress import (
 
 from palomino.endpoints import DASHBOARD_PORT, ORCHESTRATOR_PORT, ORCHESTRATOR_URL
 from palomino.errors import ConfigError, PalominoError, describe_validation
+from palomino.wire.control_messages import MAX_CELLS_PER_WORKER
 
 if TYPE_CHECKING:  # torch-heavy: the service commands start without them
     from palomino.config import ExperimentConfig
@@ -321,11 +322,20 @@ def cell(
         "cpu", "--device", metavar="cpu|cuda[:N]", callback=_device, help="Where this worker trains."
     ),
     worker_id: str | None = typer.Option(None, "--worker-id", help="Default: host-pid-random."),
+    cells: int = typer.Option(
+        1,
+        "--cells",
+        min=1,
+        max=MAX_CELLS_PER_WORKER,
+        envvar="PALOMINO_CELLS_PER_WORKER",
+        show_envvar=True,
+        help="Cells this worker hosts: a patch of the grid trained together (one tile where it pays, e.g. on a GPU).",
+    ),
 ) -> None:
-    """A cell worker: registers, heartbeats, trains the cell it is assigned."""
+    """A cell worker: registers, heartbeats, trains the cells it is assigned."""
     from palomino.services.cell.worker import CellWorker
 
-    _serve(CellWorker(_settings(broker, redis), worker_id, device))
+    _serve(CellWorker(_settings(broker, redis), worker_id, device, cells))
 
 
 def _serve(service: Any) -> None:
@@ -469,13 +479,22 @@ def up(
         1, "--scorers", min=0, help="Scorer processes; the final mixtures' scores go to scores.json."
     ),
     score_timeout: float = typer.Option(600.0, "--score-timeout", help="Seconds to wait for the final scores."),
+    per_worker: int = typer.Option(
+        1,
+        "--per-worker",
+        min=1,
+        max=MAX_CELLS_PER_WORKER,
+        help="Cells each worker process hosts (`palomino cell --cells`).",
+    ),
 ) -> None:
     """Start an orchestrator, N+K cells and scorers locally, run the experiment, stop them; prints the run directory."""
     from palomino.services.local import run_up
 
     try:
         yaml_text = _experiment_yaml(config, [f"distributed.max_cells={cells}", *overrides])
-        outcome = run_up(yaml_text, cells, spares, out, _settings(broker, redis), port, stderr, scorers, score_timeout)
+        outcome = run_up(
+            yaml_text, cells, spares, out, _settings(broker, redis), port, stderr, scorers, score_timeout, per_worker
+        )
     except PalominoError as error:
         raise _fail(error) from None
     print(outcome["run_dir"])

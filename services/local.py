@@ -103,6 +103,12 @@ def _roots_with(roots: str, directory: str | None) -> str:
     return os.pathsep.join([*given, str(Path(directory).expanduser().resolve())] if directory else given)
 
 
+def worker_sizes(cells: int, per_worker: int) -> list[int]:
+    """How many cells each worker process hosts: `per_worker` each, the last one the rest."""
+    full, rest = divmod(cells, per_worker)
+    return [per_worker] * full + ([rest] if rest else [])
+
+
 def run_up(
     config_yaml: str,
     cells: int,
@@ -113,6 +119,7 @@ def run_up(
     console: Console,
     scorers: int = 1,
     score_timeout: float = 600.0,
+    per_worker: int = 1,
 ) -> dict[str, Any]:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
@@ -124,8 +131,9 @@ def run_up(
         client = OrchestratorClient(url, token=token)
         _wait_until_healthy(client, orchestrator, url, logs)
         prefix = f"up{port}"
-        for i in range(cells + spares):
-            workers.append(_spawn(["cell", "--worker-id", f"{prefix}-{i}"], logs / f"cell-{i}.log", env))
+        for i, hosted in enumerate(worker_sizes(cells, per_worker) + worker_sizes(spares, per_worker)):
+            args = ["cell", "--worker-id", f"{prefix}-{i}", "--cells", str(hosted)]
+            workers.append(_spawn(args, logs / f"cell-{i}.log", env))
         for i in range(scorers):
             workers.append(_spawn(["scorer", "--name", f"{prefix}-scorer-{i}"], logs / f"scorer-{i}.log", env))
         experiment = client.submit(config_yaml)["id"]

@@ -18,6 +18,7 @@ No Docker engine, helm or apptainer binary runs here, so:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -144,8 +145,9 @@ def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
     for name in ("orchestrator", "cell", "scorer"):  # the key that signs their messages
         assert services[name]["environment"]["PALOMINO_MESSAGE_KEY"] == "change-me-message-key", name
 
-    gpu = active(compose_config(tmp_path, example_env(), "gpu"), "gpu")["cell-gpu"]
-    assert gpu["command"] == ["palomino", "cell", "--device", "cuda"]
+    assert services["cell"]["command"] == ["palomino", "cell", "--device", "cpu", "--cells", "1"]
+    gpu = active(compose_config(tmp_path, example_env() | {"PALOMINO_CELLS_PER_GPU": "72"}, "gpu"), "gpu")["cell-gpu"]
+    assert gpu["command"] == ["palomino", "cell", "--device", "cuda", "--cells", "72"]  # 72 cells on one GPU
     (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
 
@@ -484,6 +486,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "cols": 4,
             "spares": 2,
             "gpus": 2,
+            "perWorker": 3,  # 8 cells: 3 pods (3 + 3 + 2 cells) + 2 spare pods
             "antiAffinity": "hard",
             "resources": {"limits": {"cpu": "4"}},
             "nodeSelector": {"gpu": "a100"},
@@ -616,10 +619,12 @@ def test_chart_renders_to_wired_kubernetes_objects(chart: Chart, variant: str) -
     assert ("scorer" in commands) == merged["scorer"]["enabled"]
     cell = next(w for n, w in workloads.items() if n.endswith("-cell"))
     grid = merged["cells"]
-    assert cell["spec"]["replicas"] == (grid["replicas"] or grid["rows"] * grid["cols"] + grid["spares"])
+    pods = math.ceil(grid["rows"] * grid["cols"] / grid["perWorker"])
+    assert cell["spec"]["replicas"] == (grid["replicas"] or pods + grid["spares"])
     limits = commands["cell"]["resources"].get("limits", {})
     assert limits.get("nvidia.com/gpu", 0) == grid["gpus"]
-    assert commands["cell"]["command"][-1] == ("cuda" if grid["gpus"] else "cpu")
+    device = "cuda" if grid["gpus"] else "cpu"
+    assert commands["cell"]["command"][2:] == ["--device", device, "--cells", str(grid["perWorker"])]
     if grid["antiAffinity"] != "none":
         assert "podAntiAffinity" in cell["spec"]["template"]["spec"]["affinity"]
     env = {e["name"] for e in commands["cell"]["env"]}

@@ -3,6 +3,7 @@ RabbitMQ and Redis (the session's own), a namespace of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import time
@@ -314,6 +315,7 @@ def test_data_too_big_for_a_cell_is_refused_at_submit_naming_the_estimate(
 
 async def test_an_experiments_heartbeat_ttl_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # A worker that once ran an experiment with heartbeat_ttl 0.001 stayed invisible to every later one.
+    from palomino.services.cell.block import Block
     from palomino.services.cell.worker import IDLE_TTL, CellWorker
     from palomino.services.common.service_settings import ServiceSettings
     from palomino.wire.control_messages import Assign
@@ -321,15 +323,18 @@ async def test_an_experiments_heartbeat_ttl_ends_with_it(monkeypatch: pytest.Mon
     worker = CellWorker(ServiceSettings(), "w-ttl")
     seen: list[float] = []
 
-    async def run_assignment(assign: Assign, payload: bytes) -> None:
-        worker._ttl = 1.0  # what an assignment sets: its experiment's TTL
-        seen.append(worker._ttl)
+    async def run(block: Block) -> None:
+        block.links.set_ttl("w-ttl", 1.0)  # what a block sets first: its experiment's TTL
+        seen.append(worker._ttl["w-ttl"])
 
     async def report(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the assignment did not fail")
+        raise AssertionError("the block did not fail")
 
-    monkeypatch.setattr(worker, "_run_assignment", run_assignment)
+    monkeypatch.setattr(Block, "run", run)
     monkeypatch.setattr(worker, "_report_failure", report)
     assign = Assign(experiment="e", worker="w-ttl", config={}, coord=(0, 0), rows=1, cols=1, epoch=0)
-    await worker._train(assign, b"")
-    assert seen == [1.0] and worker._ttl == IDLE_TTL and not worker._busy
+    worker._assigned["w-ttl"] = (assign, b"")
+    worker._start_blocks()
+    await asyncio.gather(*worker._blocks)
+    await asyncio.sleep(0)  # the finished block's callback
+    assert seen == [1.0] and worker._ttl["w-ttl"] == IDLE_TTL and worker.busy("w-ttl") is None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from palomino.coevolution import Cell
-from palomino.coevolution.tile import Tile, use_tile
+from palomino.coevolution.tile import use_tile
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
@@ -24,10 +23,10 @@ from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
 from palomino.runs.finish import cell_result, ensemble_result
 from palomino.runs.grid_ensemble import Features
+from palomino.runs.hosting import host_cells
 from palomino.runs.images import progress_png, real_png
-from palomino.runs.loop import LoopSettings, run_cell
+from palomino.runs.loop import LoopSettings
 from palomino.runs.result import write_class_result, write_result
-from palomino.runs.tile_loop import run_tile
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
 log = logging.getLogger(__name__)
@@ -74,18 +73,6 @@ def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | C
     return Topology(partition.rows, partition.cols, kind), {
         coord: partition.grid_of(coord) for coord in partition.cells()
     }
-
-
-def parallel_cells(config: ExperimentConfig, cells: int) -> int:
-    """How many cells iterate at once (a tile: in how many stacks). On the CPU, one per core with
-    one torch thread each: a small network's ops are too short for torch's threads to help, while
-    cells in threads run side by side (torch releases the GIL inside ops). On a GPU, one at a time."""
-    if config.device != "cpu":
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = max(1, min(cores, cells))
-    torch.set_num_threads(max(1, cores // workers))
-    return workers
 
 
 def restore_cells(run: RunDirectory, cells: list[Cell], synchronous: bool) -> None:
@@ -143,52 +130,11 @@ async def train_embedded(
         run.write_real_samples(real_png(dataset, seed=config.seed))
     bus = InMemorySnapshotBus()
     recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
-    await _run_cells(cells, bus, recorder, config, stop, tiled)
+    settings = LoopSettings.of(config, "embedded", distributed=False)
+    await host_cells(cells, bus, InMemoryLiveness(), recorder, settings, stop, tiled=tiled)
     if any(cell.iteration < config.training.iterations for cell in cells):
         return TrainOutcome(finished=False)
     return await _write_results(cells, bus, config, run, dataset, ensemble_features)
-
-
-async def _run_cells(
-    cells: list[Cell],
-    bus: InMemorySnapshotBus,
-    recorder: RunRecorder,
-    config: ExperimentConfig,
-    stop: asyncio.Event,
-    tiled: bool,
-) -> None:
-    """Every cell's loop on this event loop; their iterations in threads, as many at once as pay.
-    A tiled run is one loop: all cells in lockstep, their training as one stack."""
-    liveness = InMemoryLiveness()
-    threads = torch.get_num_threads()
-    workers = parallel_cells(config, len(cells))  # sets torch's threads to match
-    try:
-        if tiled:
-            settings = LoopSettings.of(config, "embedded-tile", distributed=False)
-            await run_tile(Tile(cells, workers), bus, liveness, recorder, settings, stop)
-            return
-        gate = asyncio.Semaphore(workers)
-
-        async def compute(fn, *args):
-            async with gate:
-                return await asyncio.to_thread(fn, *args)
-
-        await asyncio.gather(
-            *(
-                run_cell(
-                    cell,
-                    bus,
-                    liveness,
-                    recorder,
-                    LoopSettings.of(config, f"embedded-{cell.coord}", distributed=False),
-                    stop,
-                    compute,
-                )
-                for cell in cells
-            )
-        )
-    finally:
-        torch.set_num_threads(threads)  # the process's setting, as the caller had it
 
 
 async def _write_results(

@@ -119,6 +119,8 @@ async def run_cell(
     while cell.iteration < last and not stop.is_set():
         if before_iteration is not None:
             await before_iteration()
+            if stop.is_set():
+                break  # let go (a new layout without it) or stopped meanwhile
         started = time.perf_counter()
         neighbours = await unless_set(
             gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout, silent), stop

@@ -65,7 +65,9 @@ class ControlChannel:
         publish_timeout: float = 120.0,
         cap: tuple[int, int] = ORCHESTRATOR_QUEUE_CAP,
         key: MessageKey | None = None,
+        also: list[str] | tuple[str, ...] = (),
     ) -> None:
+        self.also = list(also)  # further addresses this queue takes (a multi-cell worker's other slots)
         self.url, self.address, self.publish_timeout, self.cap, self.key = url, address, publish_timeout, cap, key
         self.in_flight = InFlight()
         self._guard = Guard(log)
@@ -97,7 +99,8 @@ class ControlChannel:
             self._queue = await channel.declare_queue(
                 name, exclusive=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE}
             )
-        await self._queue.bind(self._exchange, routing_key=self.address)
+        for address in [self.address, *self.also]:
+            await self._queue.bind(self._exchange, routing_key=address)
         return self
 
     async def close(self) -> None:

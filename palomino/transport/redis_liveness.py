@@ -29,6 +29,16 @@ class RedisLiveness:
         except (RedisError, OSError) as error:
             raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
 
+    async def heartbeat_many(self, workers: list[str], ttl: float) -> None:
+        """Several workers' heartbeats in one round trip (the slots of a multi-cell worker)."""
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for worker in workers:
+                    pipe.set(self.prefix + worker, repr(time.time()), px=max(1, int(ttl * 1000)))
+                await pipe.execute()
+        except (RedisError, OSError) as error:
+            raise TransportError(f"cannot reach Redis at {redact(self.url)}: {error}") from None
+
     async def alive(self) -> set[str]:
         """Workers whose key has not expired. Raises TransportError when Redis is unreachable:
         an unknown answer must never be read as 'everyone is dead'."""

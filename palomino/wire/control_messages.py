@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from palomino.wire import frame
 
 CONTROL_MAX_BYTES = 256 * 1024 * 1024  # checkpoints of large networks travel here
+MAX_CELLS_PER_WORKER = 4096  # slots of one `palomino cell --cells K` (a 64×64 grid on one device)
 
 
 class _Message(BaseModel):
@@ -27,6 +28,9 @@ class Register(_Message):
     host: str = ""
     pid: int = 0
     device: str = "cpu"
+    # The process this worker is a slot of (`palomino cell --cells K`): the orchestrator gives one
+    # process's slots a compact patch of the grid. Empty: a worker of one cell.
+    block: str = Field("", max_length=256)
 
 
 class Assign(_Message):

@@ -1,8 +1,11 @@
-"""One assignment of a cell worker: its cell built (restored from what came with the Assign),
-trained over the broker until the experiment ends, it is stopped or released, and its result sent.
+"""A block: the cells one worker trains for one experiment — one cell, or with `palomino cell
+--cells K` up to K, built from the Assigns that reached its slots together.
 
-The engine and loop are `palomino train`'s, with the RabbitMQ SnapshotBus, Redis Liveness and a
-Recorder that sends everything to the orchestrator (no shared filesystem).
+Each cell is held by one slot (a worker name the orchestrator knows: its Assign, heartbeat,
+metrics, checkpoints and result go by that name), built and restored from what its Assign
+carried, and trained with the library's loop (palomino/runs/hosting.py: one tile where it pays,
+else a loop per cell). Neighbours inside the block are read from memory; the rest come over
+RabbitMQ (palomino/transport/block_bus.py). A Resize moves a slot's cell or lets it go.
 """
 
 from __future__ import annotations
@@ -20,63 +23,17 @@ from palomino.config.data_roots import check_data_dir, data_roots
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid, class_grid_at
+from palomino.services.cell.control_recorder import ControlRecorder
 from palomino.services.common.service_settings import ServiceSettings
+from palomino.transport.block_bus import BlockBus
 from palomino.transport.control_channel import ControlChannel
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire import Snapshot
-from palomino.wire.control_messages import Assign, Checkpoint, Done, Metrics, Resize, Samples
+from palomino.wire.control_messages import Assign, Done, Failed, Resize
 from palomino.wire.score_messages import ScoreJob
 
 log = logging.getLogger(__name__)
-
-
-class RestoreError(PalominoError):
-    """The checkpoint or snapshot an Assign carried does not load into this cell."""
-
-
-class ControlRecorder:
-    """Recorder port → control messages to the orchestrator."""
-
-    def __init__(
-        self, control: ControlChannel, orchestrator: str, experiment: str, worker: str, kind: str, modes: Any
-    ) -> None:
-        self.control, self.orchestrator, self.experiment, self.worker = control, orchestrator, experiment, worker
-        self.kind, self.modes = kind, modes
-
-    async def metrics(self, record: dict[str, Any]) -> None:
-        await self.control.send(
-            self.orchestrator, Metrics(experiment=self.experiment, worker=self.worker, record=record)
-        )
-
-    async def samples(self, coord: Coord, iteration: int, samples: Any) -> None:
-        from palomino.runs.images import progress_png
-
-        png = progress_png(samples, self.kind, self.modes)
-        await self.control.send(
-            self.orchestrator,
-            Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration),
-            png,
-        )
-
-    async def real_samples(self, coord: Coord, dataset: Any, seed: int) -> None:
-        from palomino.runs.images import real_png
-
-        png = await asyncio.to_thread(real_png, dataset, seed)
-        await self.control.send(
-            self.orchestrator,
-            Samples(experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=0, real=True),
-            png,
-        )
-
-    async def checkpoint(self, coord: Coord, iteration: int, tensors: dict, meta: dict[str, Any]) -> None:
-        from palomino.runs.checkpoints import encode_tensors
-
-        payload = await asyncio.to_thread(encode_tensors, tensors)
-        message = Checkpoint(
-            experiment=self.experiment, worker=self.worker, coord=tuple(coord), iteration=iteration, meta=meta
-        )
-        await self.control.send(self.orchestrator, message, payload)
 
 
 def fits(cell: Any):
@@ -106,95 +63,156 @@ def layout_of(config: Any, coord: Coord, rows: int, cols: int, epoch: int) -> To
 
 @dataclass
 class Links:
-    """What an assignment uses of its worker."""
+    """What a block uses of its worker."""
 
     settings: ServiceSettings
-    worker: str
     device: str
     control: ControlChannel
     orchestrator: str  # the orchestrator's address
     liveness: Any
-    stop: asyncio.Event  # set: finish the iteration, checkpoint, leave
-    take_resize: Callable[[], Resize | None]  # the newest Resize not yet applied, if any
-    set_ttl: Callable[[float], None]
+    take_resize: Callable[[str], Resize | None]  # a slot's newest Resize not yet applied, if any
+    set_ttl: Callable[[str, float], None]  # a slot's heartbeat time-to-live
+
+
+class SlotsLiveness:
+    """The loops' heartbeats, for every slot of the block (their cells iterate together)."""
+
+    def __init__(self, liveness: Any, slots: Callable[[], list[str]]) -> None:
+        self.liveness, self.slots = liveness, slots
+
+    async def heartbeat(self, worker: str, ttl: float) -> None:
+        await self.liveness.heartbeat_many(self.slots(), ttl)
+
+    async def alive(self) -> set[str]:
+        return await self.liveness.alive()
 
 
 @dataclass
-class Training:
-    """An assignment's cell and what it trains with (made by `Assignment.run`)."""
+class Built:
+    """What `Block.build` made: the experiment, its data, each slot's restored cell, and the slots
+    whose checkpoint or snapshot did not load (slot → why)."""
 
     config: Any
     dataset: Any
-    cell: Any
-    bus: RabbitSnapshotBus
-    scoring: ScoreQueue | None
-    scored: set[int] = field(default_factory=set)
+    cells: dict[str, Any]
+    unrestored: dict[str, str] = field(default_factory=dict)
 
 
-class Assignment:
-    def __init__(self, links: Links, assign: Assign, payload: bytes) -> None:
-        self.links, self.assign, self.payload = links, assign, payload
-        self.experiment = assign.experiment
+class Block:
+    def __init__(self, links: Links, experiment: str, assigns: dict[str, tuple[Assign, bytes]]) -> None:
+        self.links, self.experiment, self.assigns = links, experiment, assigns
+        self.stop = asyncio.Event()  # set: finish the iteration, checkpoint, leave
+        self.cells: dict[str, Any] = {}  # slot → its cell, while it trains
+        self.holds = set(assigns)  # the slots this block keeps busy (a released one is free again)
+        self._scored: set[tuple[Coord, int]] = set()
+        self._released: dict[str, Any] = {}
+
+    @property
+    def slots(self) -> list[str]:
+        return list(self.assigns)
+
+    def slot_of(self, coord: Coord) -> str:
+        """The slot holding the cell at `coord` (a released one for its last checkpoint, which the
+        orchestrator then drops: the slot no longer holds that coordinate)."""
+        for cells in (self.cells, self._released):
+            for slot, cell in cells.items():
+                if cell.coord == Coord(*coord):
+                    return slot
+        raise KeyError(f"no cell of this block is at {tuple(coord)}")
 
     async def run(self) -> None:
-        from palomino.runs.loop import LoopSettings, run_cell
-
         try:
-            config, dataset, cell = await asyncio.to_thread(self._build)
+            built = await asyncio.to_thread(self.build)
         except (ValueError, KeyError) as error:  # a config or dataset that does not fit
-            raise PalominoError(f"cannot set up cell {tuple(self.assign.coord)}: {error}") from None
-        self.links.set_ttl(config.distributed.heartbeat_ttl)
-        a = self.assign
-        log.info("training cell %s of %s (%d×%d, epoch %d) from iteration %d", cell.coord, self.experiment, a.rows, a.cols, a.epoch, cell.iteration)  # fmt: skip
+            raise PalominoError(f"cannot set up cells {self._coords()}: {error}") from None
+        for slot, why in built.unrestored.items():  # the orchestrator falls back to an older state for these
+            self.holds.discard(slot)
+            log.error("training %s: %s", self.experiment, why)
+            await self.report_failure(slot, why, restore_failed=True)
+        self.cells = built.cells
+        self._scored = {(cell.coord, cell.iteration) for cell in self.cells.values()}  # scored before it left
+        if not self.cells:
+            return
+        config, dataset = built.config, built.dataset
+        for slot in self.cells:
+            self.links.set_ttl(slot, config.distributed.heartbeat_ttl)
+        log.info("training %s of %s from iterations %s", self._coords(), self.experiment, sorted({c.iteration for c in self.cells.values()}))  # fmt: skip
         async with AsyncExitStack() as stack:  # the bus and the score queue close whatever happens
             links = self.links
-            bus = RabbitSnapshotBus(
+            first = next(iter(self.cells.values()))
+            remote = RabbitSnapshotBus(
                 links.settings.broker_url, self.experiment, max_bytes=config.distributed.max_snapshot_bytes,
-                validator=fits(cell), key=links.settings.signer,
+                validator=fits(first), key=links.settings.signer,
             )  # fmt: skip
-            await bus.connect()
-            stack.push_async_callback(bus.close)
-            training = Training(config, dataset, cell, bus, await self._scoring(stack, config), {cell.iteration})
-            recorder = ControlRecorder(links.control, links.orchestrator, self.experiment, links.worker, dataset.kind, dataset.modes)  # fmt: skip
-            if cell.coord == Coord(0, 0) and cell.iteration == 0:  # one picture of the real data per run
-                await recorder.real_samples(cell.coord, dataset, config.seed)
-            settings = LoopSettings.of(config, links.worker, distributed=True)
+            await remote.connect()
+            stack.push_async_callback(remote.close)
+            bus = BlockBus(remote)
+            await self._bind(bus)
+            scoring = await self._scoring(stack, config)
+            recorder = ControlRecorder(links.control, links.orchestrator, self.experiment, self.slot_of, dataset.kind, dataset.modes)  # fmt: skip
+            origin = next((c for c in self.cells.values() if c.coord == Coord(0, 0) and c.iteration == 0), None)
+            if origin is not None:  # one picture of the real data per run
+                await recorder.real_samples(origin.coord, dataset, config.seed)
+            await self._train(config, dataset, bus, scoring, recorder)
+            for slot, cell in list(self.cells.items()):
+                if cell.iteration >= config.training.iterations:
+                    await self._report_done(slot, cell, bus, dataset)
 
-            async def between_iterations() -> None:
-                await self._apply_layout(training)
-                await self._periodic_score(training)
+    async def _train(self, config: Any, dataset: Any, bus: BlockBus, scoring: Any, recorder: Any) -> None:
+        from palomino.coevolution.tile import use_tile
+        from palomino.runs.hosting import host_cells
+        from palomino.runs.loop import LoopSettings
 
-            await run_cell(
-                cell, bus, links.liveness, recorder, settings, links.stop, before_iteration=between_iterations
-            )
-            if cell.iteration >= config.training.iterations:
-                await self._report_done(training)
+        cells = list(self.cells.values())
+        tiled = len(cells) > 1 and use_tile(config, cells)
+        settings = LoopSettings.of(config, self.slots[0], distributed=True)
+        liveness = SlotsLiveness(self.links.liveness, lambda: list(self.cells))
 
-    def _build(self) -> tuple[Any, Any, Any]:
-        """(config, dataset, cell); in a thread: building networks and reading data must not starve the heartbeats."""
+        async def between_iterations(cells: list[Any]) -> list[Any]:
+            kept = await self._apply_layout(cells, config, bus)
+            for cell in kept:
+                await self._periodic_score(cell, config, bus, scoring, dataset)
+            return kept
+
+        await host_cells(
+            cells, bus, liveness, recorder, settings, self.stop, tiled=tiled, before_iteration=between_iterations
+        )
+
+    def build(self) -> Built:
+        """In a thread: building networks and reading data must not starve the heartbeats."""
         from palomino.coevolution import Cell
         from palomino.data import load_dataset
         from palomino.runs.checkpoints import decode_tensors
         from palomino.wire import decode_snapshot
 
-        assign, payload = self.assign, self.payload
-        config = parse_config(assign.config)
+        first = next(iter(self.assigns.values()))[0]
+        config = parse_config(first.config)  # one object: a tile's cells share their experiment
+        for slot, (assign, _) in self.assigns.items():
+            if assign.config != first.config:
+                raise ValueError(f"slot {slot} was assigned another configuration of experiment {self.experiment}")
         check_data_dir(config.data.dir, data_roots(self.links.settings.data_roots))  # this worker's own roots too
         dataset = load_dataset(config.data, config.seed)
-        topology = layout_of(config, Coord(*assign.coord), assign.rows, assign.cols, assign.epoch)
-        cell = Cell(
-            Coord(*assign.coord), topology, config, dataset, experiment=self.experiment, device=self.links.device
-        )
-        source = (assign.restore_meta or {}).get("from", "checkpoint")
-        try:
-            if payload and source == "snapshot":
-                # Newer than any checkpoint: the individuals as the dead cell last published them.
-                cell.adopt(decode_snapshot(payload, max_bytes=config.distributed.max_snapshot_bytes))
-            elif payload:
-                cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
-        except (ValueError, KeyError, RuntimeError, PalominoError) as error:  # does not load, or does not fit
-            raise RestoreError(f"cell {tuple(assign.coord)}: the assigned {source} does not load: {error}") from None
-        return config, dataset, cell
+        built = Built(config, dataset, {})
+        for slot, (assign, payload) in self.assigns.items():
+            topology = layout_of(config, Coord(*assign.coord), assign.rows, assign.cols, assign.epoch)
+            cell = Cell(Coord(*assign.coord), topology, config, dataset, experiment=self.experiment, device=self.links.device)  # fmt: skip
+            source = (assign.restore_meta or {}).get("from", "checkpoint")
+            try:
+                if payload and source == "snapshot":
+                    # Newer than any checkpoint: the individuals as the dead cell last published them.
+                    cell.adopt(decode_snapshot(payload, max_bytes=config.distributed.max_snapshot_bytes))
+                elif payload:
+                    cell.restore(decode_tensors(payload, "assigned checkpoint"), assign.restore_meta or {})
+            except (ValueError, KeyError, RuntimeError, PalominoError) as error:  # does not load, or does not fit
+                built.unrestored[slot] = f"cell {tuple(assign.coord)}: the assigned {source} does not load: {error}"
+                continue
+            built.cells[slot] = cell
+        return built
+
+    async def _bind(self, bus: BlockBus) -> None:
+        cells = list(self.cells.values())
+        epoch = max(cell.topology.epoch for cell in cells)
+        await bus.layout({cell.coord: cell.topology.neighbours(cell.coord) for cell in cells}, epoch)
 
     async def _scoring(self, stack: AsyncExitStack, config: Any) -> ScoreQueue | None:
         """The score queue for periodic scoring (scoring.every), or None."""
@@ -205,56 +223,76 @@ class Assignment:
         try:
             await queue.connect()
         except PalominoError as error:
-            log.warning("periodic scoring is off for this cell: %s", error)
+            log.warning("periodic scoring is off for this block: %s", error)
             return None
         stack.push_async_callback(queue.close)
         return queue
 
-    async def _apply_layout(self, training: Training) -> None:
-        """A Resize that arrived meanwhile: move the cell, or leave for the spares."""
-        resize = self.links.take_resize()
-        if resize is None or resize.experiment != self.experiment:
-            return
-        if resize.coord is None:
-            log.info("released to the spares by epoch %d", resize.epoch)
-            self.links.stop.set()
-            return
-        cell, coord = training.cell, Coord(*resize.coord)
-        cell.relocate(coord, layout_of(training.config, coord, resize.rows, resize.cols, resize.epoch))
-        await training.bus.bind(cell.topology.neighbours(cell.coord), resize.epoch)
-        log.info("moved to %s of %d×%d (epoch %d)", cell.coord, resize.rows, resize.cols, resize.epoch)
+    async def _apply_layout(self, cells: list[Any], config: Any, bus: BlockBus) -> list[Any]:
+        """Resizes that arrived meanwhile for these cells' slots: move them, or let them go."""
+        kept, changed = [], False
+        for cell in cells:
+            slot = next(s for s, c in self.cells.items() if c is cell)
+            resize = self.links.take_resize(slot)
+            if resize is None or resize.experiment != self.experiment:
+                kept.append(cell)
+                continue
+            changed = True
+            if resize.coord is None:
+                log.info("slot %s released to the spares by epoch %d", slot, resize.epoch)
+                self._released[slot] = self.cells.pop(slot)
+                self.holds.discard(slot)
+                continue
+            coord = Coord(*resize.coord)
+            cell.relocate(coord, layout_of(config, coord, resize.rows, resize.cols, resize.epoch))
+            kept.append(cell)
+            log.info("slot %s moved to %s of %d×%d (epoch %d)", slot, cell.coord, resize.rows, resize.cols, resize.epoch)  # fmt: skip
+        if changed and self.cells:
+            await self._bind(bus)
+            for cell in kept:  # under its new coordinate at once: its new neighbours wait for it
+                await bus.publish(await asyncio.to_thread(cell.snapshot))
+        return kept
 
-    async def _periodic_score(self, training: Training) -> None:
+    async def _periodic_score(self, cell: Any, config: Any, bus: BlockBus, scoring: Any, dataset: Any) -> None:
         from palomino.runs.finish import neighbourhood_mixture
 
-        cell, config, every = training.cell, training.config, training.config.scoring.every
-        if training.scoring is None or cell.iteration % every or cell.iteration in training.scored:
+        every = config.scoring.every
+        if scoring is None or cell.iteration % every or (cell.coord, cell.iteration) in self._scored:
             return
         if cell.iteration >= config.training.iterations:
             return  # the final mixtures are the orchestrator's to queue
-        training.scored.add(cell.iteration)
-        snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await training.bus.newest(c))}
-        mixture = await asyncio.to_thread(
-            neighbourhood_mixture, cell, snapshots, training.dataset, self.experiment, False
-        )
+        self._scored.add((cell.coord, cell.iteration))
+        snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
+        mixture = await asyncio.to_thread(neighbourhood_mixture, cell, snapshots, dataset, self.experiment, False)
         payload, description = await asyncio.to_thread(mixture.encode)
         job = ScoreJob.of(self.experiment, config, str(cell.coord), description, iteration=cell.iteration)
         try:
-            await training.scoring.enqueue(job, payload)
+            await scoring.enqueue(job, payload)
         except PalominoError as error:
             log.warning("periodic score job %s not queued: %s", job.job, error)
 
-    async def _report_done(self, training: Training) -> None:
+    async def _report_done(self, slot: str, cell: Any, bus: BlockBus, dataset: Any) -> None:
         """The cell's final neighbourhood mixture, scored, to the orchestrator."""
         from palomino.runs.finish import cell_result
 
-        cell = training.cell
-        snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await training.bus.newest(c))}
-        result = await asyncio.to_thread(cell_result, cell, snapshots, training.dataset, self.experiment)
+        snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
+        result = await asyncio.to_thread(cell_result, cell, snapshots, dataset, self.experiment)
         done = Done(
-            experiment=self.experiment, worker=self.links.worker, coord=tuple(cell.coord), iteration=cell.iteration,
+            experiment=self.experiment, worker=slot, coord=tuple(cell.coord), iteration=cell.iteration,
             score=result.score, components=result.components, weights=result.weights, mixture=result.description,
             samples_png=base64.b64encode(result.samples_png).decode(),
         )  # fmt: skip
         await self.links.control.send(self.links.orchestrator, done, result.payload)
         log.info("cell %s of %s done (score %.4g)", cell.coord, self.experiment, result.score)
+
+    async def report_failure(self, slot: str, reason: str, restore_failed: bool = False) -> None:
+        try:
+            failed = Failed(
+                experiment=self.experiment, worker=slot, reason=f"{slot}: {reason}", restore_failed=restore_failed
+            )
+            await self.links.control.send(self.links.orchestrator, failed)
+        except PalominoError as error:
+            log.warning("could not report the failure: %s", error)
+
+    def _coords(self) -> list[tuple[int, int]]:
+        return [tuple(assign.coord) for assign, _ in self.assigns.values()]

@@ -1,5 +1,13 @@
-"""`palomino cell`: a worker that registers, heartbeats, takes an assignment and trains its cell
-(services/cell/assignment.py), one assignment at a time, until SIGTERM."""
+"""`palomino cell`: a worker that registers, heartbeats, takes assignments and trains them
+(services/cell/block.py) until SIGTERM.
+
+A worker hosts `cells` slots (`palomino cell --cells K`; one by default). To the orchestrator
+each slot is a worker of its own — it registers, heartbeats and is assigned one cell — and the
+slots of one process say so (`Register.block`), so the orchestrator gives them a compact patch
+of the grid. The Assigns that reach idle slots together, for one experiment, train as one block.
+The process dies whole, so all its slots' heartbeats stop together and its block is replaced or
+shrunk as a whole.
+"""
 
 from __future__ import annotations
 
@@ -13,45 +21,61 @@ from typing import Any
 
 from palomino.errors import PalominoError
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
-from palomino.services.cell.assignment import Assignment, Links, RestoreError
+from palomino.services.cell.block import Block, Links
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
-from palomino.wire.control_messages import Assign, Failed, Register, Resize, Stop
+from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, Register, Resize, Stop
 
 log = logging.getLogger(__name__)
 
 IDLE_TTL = 5.0  # seconds a heartbeat lasts between assignments (an assignment sets its experiment's)
 HEARTBEAT_PERIOD = 1.0
 REGISTER_PERIOD = 2.0
+SETTLE = 0.3  # seconds without a new Assign before the ones that came start as one block
+SETTLE_MAX = 3.0
+
+
+def slot_names(worker: str, cells: int) -> list[str]:
+    """The names a worker's slots go by: the worker's own for one cell, `worker/i` for several."""
+    return [worker] if cells == 1 else [f"{worker}/{i}" for i in range(cells)]
 
 
 class CellWorker:
-    def __init__(self, settings: ServiceSettings, worker: str | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self, settings: ServiceSettings, worker: str | None = None, device: str = "cpu", cells: int = 1
+    ) -> None:
+        if not 1 <= cells <= MAX_CELLS_PER_WORKER:
+            raise PalominoError(f"--cells {cells}: a worker hosts 1 to {MAX_CELLS_PER_WORKER} cells")
         self.settings, self.device = settings, device
         self.orchestrator = orchestrator_address(settings.namespace)
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.slots = slot_names(self.worker, cells)
         self.shutdown = asyncio.Event()
         self.ready = False  # connected and listening: a signal now means "finish the iteration, checkpoint, leave"
-        self._assignment: tuple[Assign, bytes] | None = None
-        self._pending: Resize | None = None
-        self._stop = asyncio.Event()
-        self._busy = False
-        self._current: str | None = None  # the experiment being trained
-        self._ttl = IDLE_TTL
+        self._assigned: dict[str, tuple[Assign, bytes]] = {}  # slot → its newest Assign not yet started
+        self._resizes: dict[str, Resize] = {}
+        self._blocks: dict[asyncio.Task, Block] = {}
+        self._ttl = dict.fromkeys(self.slots, IDLE_TTL)
+        self._arrived = asyncio.Event()
         self._wake = asyncio.Event()
         self.control: ControlChannel | None = None  # connected by run()
         self.liveness: RedisLiveness | None = None
 
     def request_shutdown(self) -> None:
         """SIGTERM / Ctrl-C: finish the iteration, checkpoint, leave."""
-        self._stop.set()
+        for block in self._blocks.values():
+            block.stop.set()
         self.shutdown.set()
+
+    def busy(self, slot: str) -> Block | None:
+        return next((block for block in self._blocks.values() if slot in block.holds), None)
 
     async def run(self) -> None:
         settings = self.settings
         async with AsyncExitStack() as stack:  # closed in reverse whatever happens, connecting included
-            channel = ControlChannel(settings.broker_url, cell_address(self.worker), key=settings.signer)
+            others = [cell_address(slot) for slot in self.slots if slot != self.worker]
+            channel = ControlChannel(settings.broker_url, cell_address(self.worker), key=settings.signer, also=others)
             self.control = await channel.connect()
             stack.push_async_callback(channel.close)
             self.liveness = RedisLiveness(settings.redis_url, liveness_prefix(settings.namespace))
@@ -60,91 +84,109 @@ class CellWorker:
             for loop in (self._heartbeats(), self._registrations()):
                 stack.callback(asyncio.create_task(loop).cancel)
             self.ready = True
-            log.info("cell worker %s ready (broker %s)", self.worker, settings.broker_url.split("@")[-1])
+            log.info("cell worker %s ready, %d cell(s) (broker %s)", self.worker, len(self.slots), settings.broker_url.split("@")[-1])  # fmt: skip
             while not self.shutdown.is_set():
                 self._wake.clear()
-                if self._assignment is not None:
-                    assign, payload = self._assignment
-                    self._assignment = None
-                    await self._train(assign, payload)
+                if any(self.busy(slot) is None for slot in self._assigned):
+                    await self._settle()
+                    self._start_blocks()
                     continue
                 await unless_set(self._wake.wait(), self.shutdown)
+            if self._blocks:  # each finishes its iteration and checkpoints
+                await asyncio.gather(*self._blocks, return_exceptions=True)
+
+    async def _settle(self) -> None:
+        """Let the rest of a layout's Assigns arrive, so that they train as one block."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_MAX
+        while loop.time() < deadline and not self.shutdown.is_set():
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), SETTLE)
+            except TimeoutError:
+                return
+
+    def _start_blocks(self) -> None:
+        ready = {slot: self._assigned.pop(slot) for slot in list(self._assigned) if self.busy(slot) is None}
+        by_experiment: dict[str, dict[str, tuple[Assign, bytes]]] = {}
+        for slot, assigned in ready.items():
+            by_experiment.setdefault(assigned[0].experiment, {})[slot] = assigned
+        for experiment, assigns in by_experiment.items():
+            for slot in assigns:
+                self._resizes.pop(slot, None)  # meant for what the slot trained before
+            block = Block(self._links(), experiment, assigns)
+            task = asyncio.create_task(self._train(block))
+            self._blocks[task] = block
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        block = self._blocks.pop(task)
+        for slot in block.slots:  # the experiment's settings end with it: idle slots heartbeat with their own TTL
+            if self.busy(slot) is None and slot not in self._assigned:
+                self._ttl[slot] = IDLE_TTL
+        self._wake.set()
+
+    def _links(self) -> Links:
+        def take_resize(slot: str) -> Resize | None:
+            return self._resizes.pop(slot, None)
+
+        def set_ttl(slot: str, ttl: float) -> None:
+            self._ttl[slot] = ttl
+
+        return Links(self.settings, self.device, self.control, self.orchestrator, self.liveness, take_resize, set_ttl)
 
     async def _heartbeats(self) -> None:
         while True:
             try:
-                await self.liveness.heartbeat(self.worker, self._ttl)
+                for ttl in set(self._ttl.values()):
+                    await self.liveness.heartbeat_many([s for s, t in self._ttl.items() if t == ttl], ttl)
             except PalominoError as error:
                 log.warning("heartbeat failed: %s", error)
             await asyncio.sleep(HEARTBEAT_PERIOD)
 
     async def _registrations(self) -> None:
-        # Idle workers keep announcing themselves: the orchestrator counts a worker as a spare
-        # only once it has said so, and a restarted orchestrator finds its spares again.
+        # Idle slots keep announcing themselves: the orchestrator counts a slot as a spare only
+        # once it has said so, and a restarted orchestrator finds its spares again.
+        host, pid = socket.gethostname(), os.getpid()
         while True:
-            if not self._busy and self._assignment is None:
-                try:
-                    await self.control.send(
-                        self.orchestrator,
-                        Register(worker=self.worker, host=socket.gethostname(), pid=os.getpid(), device=self.device),
-                    )
-                except PalominoError as error:
-                    log.warning("registration failed: %s", error)
+            for slot in self.slots:
+                if self.busy(slot) is None and slot not in self._assigned:
+                    try:
+                        await self.control.send(
+                            self.orchestrator,
+                            Register(worker=slot, host=host, pid=pid, device=self.device, block=self.worker),
+                        )
+                    except PalominoError as error:
+                        log.warning("registration failed: %s", error)
+                        break
             await asyncio.sleep(REGISTER_PERIOD)
 
     async def _on_control(self, message: Any, payload: bytes) -> None:
-        if isinstance(message, Assign) and message.worker == self.worker:
-            # Kept, newest first, until the current training ends: never dropped.
-            self._assignment = (message, payload)
+        if isinstance(message, Assign) and message.worker in self._ttl:
+            # Kept, newest first, until the slot's current training ends: never dropped.
+            self._assigned[message.worker] = (message, payload)
+            self._arrived.set()
             self._wake.set()
-        elif isinstance(message, Resize) and message.experiment == self._current:
-            self._pending = message
-        elif isinstance(message, Stop) and message.experiment == self._current:
-            log.info("stop: %s", message.reason or "requested")
-            self._stop.set()
+        elif isinstance(message, Resize) and message.worker in self._ttl:
+            block = self.busy(message.worker)
+            if block is not None and block.experiment == message.experiment:
+                self._resizes[message.worker] = message
+        elif isinstance(message, Stop):
+            for block in self._blocks.values():
+                if block.experiment == message.experiment:
+                    log.info("stop: %s", message.reason or "requested")
+                    block.stop.set()
 
-    async def _train(self, assign: Assign, payload: bytes) -> None:
-        self._busy, self._current = True, assign.experiment
-        self._stop.clear()
-        self._pending = None
-        experiment = assign.experiment
+    async def _train(self, block: Block) -> None:
         try:
-            await self._run_assignment(assign, payload)
-        except RestoreError as error:  # the orchestrator falls back to an older checkpoint or snapshot
-            log.error("training %s: %s", experiment, error)
-            await self._report_failure(experiment, str(error), restore_failed=True)
+            await block.run()
         except PalominoError as error:
-            log.error("training %s failed: %s", experiment, error)
-            await self._report_failure(experiment, str(error))
+            log.error("training %s failed: %s", block.experiment, error)
+            await self._report_failure(block, str(error))
         except Exception as error:  # a bug must not take the worker down silently: report it
-            log.exception("training %s crashed", experiment)
-            await self._report_failure(experiment, f"{type(error).__name__}: {error}")
-        finally:
-            # The experiment's settings end with it: an idle worker heartbeats with its own TTL.
-            self._busy, self._current, self._ttl = False, None, IDLE_TTL
+            log.exception("training %s crashed", block.experiment)
+            await self._report_failure(block, f"{type(error).__name__}: {error}")
 
-    async def _report_failure(self, experiment: str, reason: str, restore_failed: bool = False) -> None:
-        try:
-            failed = Failed(
-                experiment=experiment,
-                worker=self.worker,
-                reason=f"{self.worker}: {reason}",
-                restore_failed=restore_failed,
-            )
-            await self.control.send(self.orchestrator, failed)
-        except PalominoError as error:
-            log.warning("could not report the failure: %s", error)
-
-    async def _run_assignment(self, assign: Assign, payload: bytes) -> None:
-        def take_resize() -> Resize | None:
-            resize, self._pending = self._pending, None
-            return resize
-
-        def set_ttl(ttl: float) -> None:
-            self._ttl = ttl
-
-        links = Links(
-            self.settings, self.worker, self.device, self.control, self.orchestrator, self.liveness, self._stop,
-            take_resize, set_ttl,
-        )  # fmt: skip
-        await Assignment(links, assign, payload).run()
+    async def _report_failure(self, block: Block, reason: str) -> None:
+        for slot in block.cells or block.slots:
+            await block.report_failure(slot, reason)

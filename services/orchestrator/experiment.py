@@ -31,6 +31,7 @@ class Worker:
     experiment: str | None = None
     coord: Coord | None = None
     idle: bool = True  # said so by its last Register; a freed worker is no spare until it does
+    block: str = ""  # the process it is a slot of (`palomino cell --cells K`); "" for a one-cell worker
 
     def free(self) -> None:
         self.experiment, self.coord = None, None

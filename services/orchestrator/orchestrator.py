@@ -190,7 +190,7 @@ class Orchestrator:
         self.shared.counters["control_messages"] += 1
         if isinstance(message, Register):
             worker = self.shared.workers.setdefault(message.worker, Worker(message.worker))
-            worker.host, worker.device, worker.idle = message.host, message.device, True
+            worker.host, worker.device, worker.idle, worker.block = message.host, message.device, True, message.block
             if (
                 worker.experiment
                 and (exp := self.shared.experiments.get(worker.experiment))

@@ -11,6 +11,7 @@ from aiormq.exceptions import AMQPError
 
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology, cell_name, rectangle
+from palomino.grid.blocks import place_blocks
 from palomino.runs.checkpoints import newest_valid
 from palomino.services.common.states import State
 from palomino.services.orchestrator.experiment import Experiment, class_layout
@@ -23,6 +24,18 @@ from palomino.wire.snapshot import SnapshotHeader
 
 log = logging.getLogger(__name__)
 BROKER_CALL_TIMEOUT = 10.0  # seconds for a broker call made under the lock
+
+
+def in_blocks(topology: Topology, blocks: list[list[str]]) -> dict[Coord, str]:
+    """Every cell of `topology` to a slot, each process's slots on a compact patch (grid/blocks.py)."""
+    sizes, left = [], topology.size
+    for block in blocks:
+        if left <= 0:
+            break
+        sizes.append(min(len(block), left))
+        left -= sizes[-1]
+    patches = place_blocks(topology, sizes)
+    return dict(sorted((coord, slot) for patch, block in zip(patches, blocks) for coord, slot in zip(patch, block)))
 
 
 class Placement:
@@ -72,10 +85,12 @@ class Placement:
                 return
             rows, cols = experiment.partition.rows, max(g.cols for g in experiment.partition.grids)
         topology = Topology(rows, cols, config.grid.neighbourhood, epoch=0)
-        coords = list(experiment.partition.cells() if experiment.partition else topology.cells())
+        if experiment.partition:
+            experiment.cells = dict(zip(experiment.partition.cells(), spares))
+        else:
+            experiment.cells = in_blocks(topology, self.shared.spare_blocks(config.distributed.heartbeat_ttl))
         experiment.topology = topology
-        experiment.laid_out.update(coords)
-        experiment.cells = dict(zip(coords, spares))
+        experiment.laid_out.update(experiment.cells)
         experiment.state = "running"
         experiment.record_layout()
         log.info(

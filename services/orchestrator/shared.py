@@ -54,9 +54,21 @@ class Shared:
         return worker is None or time.monotonic() - worker.last_seen > ttl
 
     def spares(self, ttl: float) -> list[str]:
-        """Idle, live workers, in a stable order."""
-        return sorted(
-            w.id
-            for w in self.workers.values()
-            if w.experiment is None and w.idle and w.id in self.alive and not self.is_dead(w.id, ttl)
-        )
+        """Idle, live workers, in a stable order: a multi-cell worker's slots one after another."""
+        return [slot for block in self.spare_blocks(ttl) for slot in block]
+
+    def spare_blocks(self, ttl: float) -> list[list[str]]:
+        """Idle, live workers by the process they are slots of: the most free slots first (a dead
+        block goes whole to one process where it can), then by name; slots in their order."""
+        blocks: dict[str, list[Worker]] = {}
+        for w in self.workers.values():
+            if w.experiment is None and w.idle and w.id in self.alive and not self.is_dead(w.id, ttl):
+                blocks.setdefault(w.block or w.id, []).append(w)
+        ordered = sorted(blocks.items(), key=lambda item: (-len(item[1]), item[0]))
+        return [[w.id for w in sorted(slots, key=slot_order)] for _, slots in ordered]
+
+
+def slot_order(worker: Worker) -> tuple[int, str]:
+    """`w/2` before `w/10`: slots by their number, plain workers by name."""
+    head, _, tail = worker.id.rpartition("/")
+    return (int(tail), head) if worker.block and tail.isdigit() else (-1, worker.id)
