@@ -273,10 +273,18 @@ def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
 
 
 def evaluate_case(
-    name: str, seed: int, overrides: list[str], out: Path, device: str = "cpu", sweeping: bool = False
+    name: str,
+    seed: int,
+    overrides: list[str],
+    out: Path,
+    device: str = "cpu",
+    sweeping: bool = False,
+    ablations: bool = False,
 ) -> list[Result]:
     """Every method's Result for one case, seed and learning rate; `sweeping`: each also scored on
-    the validation split (images: VALIDATION training images set aside; toys: other samples)."""
+    the validation split (images: VALIDATION training images set aside; toys: other samples);
+    `ablations`: the grid again without communication (grid.neighbourhood none: each cell alone,
+    the same policies), "grid-alone"."""
     case = CASES[name]
     config = load_config(
         ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}", f"device={device}"]
@@ -301,6 +309,15 @@ def evaluate_case(
     g, d, cells = grid_steps(run)
     result = Mixture.load(run.result_dir)
     grid = judged("grid", g + d, grid_seconds, lambda at: result.sample(n, seed=at, data_space=False))
+    ablated = []
+    if ablations:
+        alone_config = config.model_copy(update={"grid": config.grid.model_copy(update={"neighbourhood": "none"})})
+        alone_run, alone_seconds = run_grid(alone_config, train, out / name / "alone")
+        alone = Mixture.load(alone_run.result_dir)
+        steps = sum(grid_steps(alone_run)[:2])
+        ablated.append(
+            judged("grid-alone", steps, alone_seconds, lambda at: alone.sample(n, seed=at, data_space=False))
+        )
     if held_out is None:  # per-cell diversity: each cell's own generator, and their union
         per_cell = [
             mode_coverage(draw([own_generator(run, c)], np.ones(1), n, latent, seed + 200), train.modes, train.mode_std)
@@ -325,7 +342,8 @@ def evaluate_case(
         regions = regions_baseline(seed, config, train, per, device) if config.training.data_regions else None
         (plain,), (plain_critic,), plain_seconds = plain_job.result()
     baseline = Baseline(config, train, n, seed)
-    results = [grid, judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at))]
+    results = [grid, *ablated]
+    results.append(judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at)))
     best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
     results.append(
         judged("indep-best", g + d, seconds, lambda at: baseline.sample([nets[best]], [critics[best]], at=at))
@@ -347,7 +365,7 @@ def evaluate_case(
 
 
 def sweep_case(
-    name: str, seed: int, overrides: list[str], out: Path, device: str, rates: list[float]
+    name: str, seed: int, overrides: list[str], out: Path, device: str, rates: list[float], ablations: bool = False
 ) -> tuple[list[Result], list[Result]]:
     """(each method at the rate its validation scores liked best, every rate's results): every
     method, the grid included, runs at each rate with its own budget; the pick never looks at the
@@ -355,7 +373,9 @@ def sweep_case(
     every = [
         r
         for rate in rates
-        for r in evaluate_case(name, seed, [*overrides, f"training.learning_rate={rate}"], out, device, sweeping=True)
+        for r in evaluate_case(
+            name, seed, [*overrides, f"training.learning_rate={rate}"], out, device, sweeping=True, ablations=ablations
+        )
     ]
     return pick(every), every
 
@@ -578,6 +598,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device", default="cpu", help="train the grid and the baselines here (cuda: a GPU); scored on the CPU"
     )
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help="also the grid without communication (grid-alone: grid.neighbourhood=none, each cell alone with the "
+        "same policies); one more grid run per case, seed and rate",
+    )
     args = parser.parse_args(argv)
     cases = args.cases or (["ring-3x3"] if args.quick else ["ring-3x3", "grid-4x4"])
     unknown = [c for c in cases if c not in CASES]
@@ -593,12 +619,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
             for seed in seeds:
                 if args.rates:
-                    chosen, every = sweep_case(name, seed, overrides, out, args.device, args.rates)
+                    chosen, every = sweep_case(name, seed, overrides, out, args.device, args.rates, args.ablations)
                     swept.extend(every)
                     for r in every:
                         report(r, "validation " + shown(r.validation) + "; ")
                 else:
-                    chosen = evaluate_case(name, seed, overrides, out, args.device)
+                    chosen = evaluate_case(name, seed, overrides, out, args.device, ablations=args.ablations)
                 for r in chosen:
                     results.append(r)
                     report(r, "chosen: " if args.rates else "")

@@ -270,7 +270,7 @@ def test_the_reference_shows_defaults_choices_and_bounds() -> None:
     assert table["training.losses"].default == '["nonsaturating"]'  # a default_factory's value
     assert table["training.batch_size"].allowed == "integer ≥ 1, ≤ 65,536"
     assert table["data.image_size"].allowed == "integer ≥ 8, ≤ 1,024 or none"
-    assert table["grid.neighbourhood"].allowed == '"von_neumann", "moore"'
+    assert table["grid.neighbourhood"].allowed == '"von_neumann", "moore", "none"'
     assert table["training.adam_betas"].allowed == "[number ≥ 0, < 1, number ≥ 0, < 1]"
     assert "3.2 GB" in table["training.batch_size"].cost
 

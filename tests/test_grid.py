@@ -149,6 +149,11 @@ def test_unknown_neighbourhood_raises() -> None:
         Topology(3, 3, "hex")  # type: ignore[arg-type]
 
 
+def test_the_none_neighbourhood_leaves_every_cell_alone() -> None:
+    grid = Topology(3, 3, "none")
+    assert all(grid.neighbours(c) == [] and grid.neighbourhood(c) == [c] for c in grid.cells())
+
+
 def test_cells_in_row_major_order() -> None:
     topology = Topology(2, 3)
     assert list(topology.cells()) == [Coord(0, 0), Coord(0, 1), Coord(0, 2), Coord(1, 0), Coord(1, 1), Coord(1, 2)]

@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +97,7 @@ def test_a_sweep_shows_each_method_at_the_rate_its_validation_split_chose(qualit
     assert rows[1]["lr"] == [2e-4] and "lr 0.0002" in quality.format_table(rows)
 
 
-def test_the_referee_runs_a_short_sweep_end_to_end(quality: ModuleType, tmp_path: Path) -> None:
+def test_the_referee_runs_a_short_sweep_with_the_ablation_end_to_end(quality: ModuleType, tmp_path: Path) -> None:
     import json
 
     # A short 2×2 run of the ring case; no discriminator filter (rejection sampling from untrained
@@ -112,16 +113,19 @@ def test_the_referee_runs_a_short_sweep_end_to_end(quality: ModuleType, tmp_path
             "training.ensemble.critic_quantile=0",
         )
     ]
-    code = quality.main(["ring-3x3", "--seeds", "0", "--rates", "1e-3", "2e-4", *short, "--out", str(tmp_path)])
-    assert code == 0
+    args = ["ring-3x3", "--seeds", "0", "--rates", "1e-3", "2e-4", "--ablations", *short, "--out", str(tmp_path)]
+    assert quality.main(args) == 0
     table = json.loads((tmp_path / "table.json").read_text())
-    methods = {"grid", "plain", "indep-best", "indep-mix", "indep-regions"}
+    methods = {"grid", "grid-alone", "plain", "indep-best", "indep-mix", "indep-regions"}
     assert {row["method"] for row in table["rows"]} == methods
     assert all(row["lr"][0] in (1e-3, 2e-4) and "hq" in row for row in table["rows"])
     swept = {(r["method"], r["rate"]) for r in table["sweep"]}
     assert swept == {(m, rate) for m in methods for rate in (1e-3, 2e-4)}
     assert all(set(r["validation"]) == {"modes", "hq"} for r in table["sweep"])
     assert (tmp_path / "table.png").stat().st_size > 0
+    # grid-alone: the same grid with no neighbours (its own run directory, a config that says so)
+    alone = [yaml.safe_load(p.read_text()) for p in (tmp_path / "ring-3x3" / "alone").glob("*/config.yaml")]
+    assert len(alone) == 2 and all(c["grid"]["neighbourhood"] == "none" for c in alone)  # one run per rate
 
 
 def test_the_fashion_case_trains_on_its_data_size(quality: ModuleType, fashion_mnist_dir: Path) -> None:

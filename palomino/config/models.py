@@ -64,9 +64,10 @@ class GridConfig(_QuietNewKeys):
         json_schema_extra={"cost": "the cells are workers: the grid is bounded by who runs it"},
     )
     cols: int = Field(3, ge=1, le=1024, description="columns of the torus")
-    neighbourhood: Literal["von_neumann", "moore"] = Field(
+    neighbourhood: Literal["von_neumann", "moore", "none"] = Field(
         "von_neumann",
-        description="von_neumann: N, S, W, E; moore: the 8 around (fewer on small grids, where offsets coincide)",
+        description="von_neumann: N, S, W, E; moore: the 8 around (fewer on small grids, where offsets coincide); "
+        "none: no neighbours, each cell alone with the same policies (the referee's 'no communication' ablation)",
     )
     per_class: str = Field(
         "1x1",

@@ -18,7 +18,7 @@ from typing import Literal
 
 from palomino.grid.topology import Coord, Topology
 
-Neighbourhood = Literal["von_neumann", "moore"]
+Neighbourhood = Literal["von_neumann", "moore", "none"]
 
 
 @dataclass(frozen=True)

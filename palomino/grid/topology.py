@@ -10,6 +10,7 @@ _OFFSETS = {
     # Order matters: it fixes the order of a neighbourhood, hence of fitness tables and mixtures.
     "von_neumann": ((-1, 0), (1, 0), (0, -1), (0, 1)),  # N, S, W, E
     "moore": ((-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)),
+    "none": (),  # every cell alone: the ablation that takes communication away and keeps the rest
 }
 
 
@@ -38,14 +39,14 @@ def parse_coord(text: str) -> Coord:
 class Topology:
     rows: int
     cols: int
-    kind: Literal["von_neumann", "moore"] = "von_neumann"
+    kind: Literal["von_neumann", "moore", "none"] = "von_neumann"
     epoch: int = 0
 
     def __post_init__(self) -> None:
         if self.rows < 1 or self.cols < 1:
             raise ValueError(f"a grid needs at least one row and column, got {self.rows}×{self.cols}")
         if self.kind not in _OFFSETS:
-            raise ValueError(f"unknown neighbourhood {self.kind!r}: use von_neumann or moore")
+            raise ValueError(f"unknown neighbourhood {self.kind!r}: use von_neumann, moore or none")
 
     @property
     def size(self) -> int:
