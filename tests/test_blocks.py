@@ -100,6 +100,12 @@ def test_spares_come_by_process_the_largest_first_and_slots_in_number_order() ->
     assert shared_with(slots).spare_blocks(ttl=5.0) == [["big/0", "big/1", "big/2", "big/10"], ["a/0", "a/1"], ["solo"]]
 
 
+def test_slot_names_from_the_wire_that_are_no_slot_numbers_are_ordered_by_name() -> None:
+    # Register.worker is a hostile string: int() of "²" or of 5,000 digits raises, which would stall placement.
+    slots = {"h/" + "9" * 5000: "h", "h/²": "h", "h/1": "h"}
+    assert shared_with(slots).spare_blocks(ttl=5.0) == [["h/" + "9" * 5000, "h/²", "h/1"]]
+
+
 def test_a_2x4_grid_on_two_workers_of_four_gives_each_a_2x2_patch() -> None:
     shared = shared_with({f"w{w}/{i}": f"w{w}" for w in (1, 2) for i in range(4)})
     cells = in_blocks(Topology(2, 4), shared.spare_blocks(ttl=5.0))

@@ -55,7 +55,8 @@ class Placement:
     async def try_start(self, experiment: Experiment) -> None:
         config = experiment.config
         low, high = config.cell_bounds
-        spares = self.shared.spares(config.distributed.heartbeat_ttl)
+        blocks = self.shared.spare_blocks(config.distributed.heartbeat_ttl)
+        spares = [slot for block in blocks for slot in block]
         waited = time.monotonic() - experiment.created
         rows, cols = (
             rectangle(min(len(spares), high), prefer=(config.grid.rows, config.grid.cols)) if spares else (0, 0)
@@ -88,7 +89,7 @@ class Placement:
         if experiment.partition:
             experiment.cells = dict(zip(experiment.partition.cells(), spares))
         else:
-            experiment.cells = in_blocks(topology, self.shared.spare_blocks(config.distributed.heartbeat_ttl))
+            experiment.cells = in_blocks(topology, blocks)
         experiment.topology = topology
         experiment.laid_out.update(experiment.cells)
         experiment.state = "running"

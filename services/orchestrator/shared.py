@@ -13,6 +13,7 @@ from typing import Any
 from palomino.errors import PalominoError
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, Worker
+from palomino.wire.control_messages import MAX_CELLS_PER_WORKER
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,13 @@ class Shared:
         return [[w.id for w in sorted(slots, key=slot_order)] for _, slots in ordered]
 
 
+SLOT_DIGITS = len(str(MAX_CELLS_PER_WORKER))
+
+
 def slot_order(worker: Worker) -> tuple[int, str]:
-    """`w/2` before `w/10`: slots by their number, plain workers by name."""
+    """`w/2` before `w/10`: slots by their number, plain workers by name. A name from the wire is
+    only read as a slot number when it is ASCII digits, at most as many as MAX_CELLS_PER_WORKER has
+    (int() refuses "²" and numbers of thousands of digits)."""
     head, _, tail = worker.id.rpartition("/")
-    return (int(tail), head) if worker.block and tail.isdigit() else (-1, worker.id)
+    numbered = worker.block and tail.isascii() and tail.isdigit() and len(tail) <= SLOT_DIGITS
+    return (int(tail), head) if numbered else (-1, worker.id)
