@@ -25,8 +25,9 @@ from palomino.transport import Liveness, Recorder, SnapshotBus
 
 def parallel_cells(config: ExperimentConfig, cells: int) -> int:
     """How many cells iterate at once (a tile: in how many stacks). On the CPU, one per core with
-    one torch thread each (the cores shared out, at most the threads the process has): a small network's ops are too short for torch's threads to help, while
-    cells in threads run side by side (torch releases the GIL inside ops). On a GPU, one at a time."""
+    the cores' torch threads shared out among them (never more than the process had): a small
+    network's ops are too short for torch's threads to help, while cells in threads run side by
+    side (torch releases the GIL inside ops). On a GPU, one at a time."""
     if config.device != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -48,7 +49,8 @@ async def host_cells(
     before_iteration: Adjust | None = None,
 ) -> None:
     """Every cell's loop until the last iteration or `stop`; `before_iteration` may relocate cells
-    or let some go (those it does not return stop, with a checkpoint)."""
+    or let some go (those it does not return stop: untiled with a checkpoint of where they are, as
+    a stopped cell; a tile simply goes on without them)."""
     if not cells:
         return
     threads = torch.get_num_threads()

@@ -106,6 +106,7 @@ class Block:
         self.holds = set(assigns)  # the slots this block keeps busy (a released one is free again)
         self._scored: set[tuple[Coord, int]] = set()
         self._released: dict[str, Any] = {}
+        self._slot_at: dict[Coord, str] = {}  # coordinate → slot, kept by `_index` as cells move
 
     @property
     def slots(self) -> list[str]:
@@ -114,11 +115,14 @@ class Block:
     def slot_of(self, coord: Coord) -> str:
         """The slot holding the cell at `coord` (a released one for its last checkpoint, which the
         orchestrator then drops: the slot no longer holds that coordinate)."""
-        for cells in (self.cells, self._released):
-            for slot, cell in cells.items():
-                if cell.coord == Coord(*coord):
-                    return slot
-        raise KeyError(f"no cell of this block is at {tuple(coord)}")
+        try:
+            return self._slot_at[Coord(*coord)]
+        except KeyError:
+            raise KeyError(f"no cell of this block is at {tuple(coord)}") from None
+
+    def _index(self) -> None:
+        """Where each slot's cell is now; a training cell wins a coordinate over a released one."""
+        self._slot_at = {cell.coord: slot for cells in (self._released, self.cells) for slot, cell in cells.items()}
 
     async def run(self) -> None:
         try:
@@ -130,6 +134,7 @@ class Block:
             log.error("training %s: %s", self.experiment, why)
             await self.report_failure(slot, why, restore_failed=True)
         self.cells = built.cells
+        self._index()
         self._scored = {(cell.coord, cell.iteration) for cell in self.cells.values()}  # scored before it left
         if not self.cells:
             return
@@ -231,8 +236,9 @@ class Block:
     async def _apply_layout(self, cells: list[Any], config: Any, bus: BlockBus) -> list[Any]:
         """Resizes that arrived meanwhile for these cells' slots: move them, or let them go."""
         kept, changed = [], False
+        slot_of_cell = {id(cell): slot for slot, cell in self.cells.items()}
         for cell in cells:
-            slot = next(s for s, c in self.cells.items() if c is cell)
+            slot = slot_of_cell[id(cell)]
             resize = self.links.take_resize(slot)
             if resize is None or resize.experiment != self.experiment:
                 kept.append(cell)
@@ -247,6 +253,8 @@ class Block:
             cell.relocate(coord, layout_of(config, coord, resize.rows, resize.cols, resize.epoch))
             kept.append(cell)
             log.info("slot %s moved to %s of %d×%d (epoch %d)", slot, cell.coord, resize.rows, resize.cols, resize.epoch)  # fmt: skip
+        if changed:
+            self._index()
         if changed and self.cells:
             await self._bind(bus)
             for cell in kept:  # under its new coordinate at once: its new neighbours wait for it
@@ -262,7 +270,7 @@ class Block:
         if cell.iteration >= config.training.iterations:
             return  # the final mixtures are the orchestrator's to queue
         self._scored.add((cell.coord, cell.iteration))
-        snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
+        snapshots = await _neighbour_snapshots(cell, bus)
         mixture = await asyncio.to_thread(neighbourhood_mixture, cell, snapshots, dataset, self.experiment, False)
         payload, description = await asyncio.to_thread(mixture.encode)
         job = ScoreJob.of(self.experiment, config, str(cell.coord), description, iteration=cell.iteration)
@@ -275,7 +283,7 @@ class Block:
         """The cell's final neighbourhood mixture, scored, to the orchestrator."""
         from palomino.runs.finish import cell_result
 
-        snapshots = {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
+        snapshots = await _neighbour_snapshots(cell, bus)
         result = await asyncio.to_thread(cell_result, cell, snapshots, dataset, self.experiment)
         done = Done(
             experiment=self.experiment, worker=slot, coord=tuple(cell.coord), iteration=cell.iteration,
@@ -296,3 +304,8 @@ class Block:
 
     def _coords(self) -> list[tuple[int, int]]:
         return [tuple(assign.coord) for assign, _ in self.assigns.values()]
+
+
+async def _neighbour_snapshots(cell: Any, bus: BlockBus) -> dict[Coord, Snapshot]:
+    """The newest snapshot held of each of `cell`'s neighbours (those heard from)."""
+    return {c: s for c in cell.topology.neighbours(cell.coord) if (s := await bus.newest(c))}
