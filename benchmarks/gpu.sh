@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 22's GPU figures in one call on a lent GPU host (its python has torch and nothing else of
 # ours): the tile's steps for K = 1 … 576 MNIST perceptron cells, a 12×12 grid's whole iterations by
-# phase, the referee's baselines stacked, and the one-cell loop for reference. Tables go to stdout
-# and to $OUT (or ./gpu-out).
+# phase, the tile's steps for K = 1, 9, 36 MNIST DCGANs (width 64), the referee's baselines stacked,
+# and the one-cell loop for reference. Tables go to stdout and to $OUT (or ./gpu-out).
 #
 # Before the call, on the development machine: `bash benchmarks/gpu.sh prepare` puts wheels of what
 # the host lacks (pydantic, ...; Python 3.12, x86-64, the versions of .venv) in .whl/ and a copy of
@@ -56,6 +56,7 @@ run() {  # name, then the command: its output to the screen and to $out/<name>.t
 }
 run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"
+run tiles-dcgan python3 benchmarks/tiles.py --model dcgan --cells "${cells[@]:0:3}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run baselines python3 benchmarks/tiles.py --model ring --cells --baselines "${cells[@]:0:4}" --batches $((batches * 2)) --rounds "$rounds" --device "$DEVICE"
 run step-throughput python3 benchmarks/step_throughput.py --device "$DEVICE" --batches "$batches" --rounds "$rounds" --network mlp
 echo "== tables in $out"

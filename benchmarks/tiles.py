@@ -16,8 +16,9 @@ Two measurements, in one process, on one device:
           `--batches` generator and discriminator steps each, trained as one stack against one
           after another (what benchmarks/quality.py did before); GANs × steps per second, ratio.
 
-Networks (`--model`): Lipizzaner's MNIST perceptron, or the toys' (examples/ring-3x3.yaml:
-Tanh, hidden 128, on 2-D points). dcgan and sngan have no stacked form yet (one by one).
+Networks (`--model`): Lipizzaner's MNIST perceptron, the toys' (examples/ring-3x3.yaml:
+Tanh, hidden 128, on 2-D points), or Palomino's 28×28 DCGAN / SNGAN on MNIST (`--width`,
+default 64: examples/fashion-mnist-dcgan-2x2.yaml's; a stack of them is grouped convolutions).
 Data: the MNIST test split from `--data-dir` (default: palomino.data.data_dir("mnist"):
 $PALOMINO_DATA_DIR/mnist, else the user cache's), else random images
 of the same shape (said on the `data:` line). Seconds are this process's CPU time on the CPU
@@ -29,6 +30,8 @@ wall time with a synchronize on CUDA.
     python benchmarks/tiles.py --cells 1 9 36 144 576 --device cuda
     python benchmarks/tiles.py --cells --grid 12 --device cuda --iterations 3
     python benchmarks/tiles.py --model ring --cells --baselines 1 9 16 --batches 200
+    python benchmarks/tiles.py --model dcgan --cells 1 9 36 --device cuda
+    python benchmarks/tiles.py --model dcgan --width 16 --cells 1 4 --batches 4   # a CPU look
 """
 
 from __future__ import annotations
@@ -65,7 +68,16 @@ def load_data(where: Path) -> tuple[Dataset, str]:
     return Dataset("random", samples, None, "image"), f"RANDOM images (10000, 1, 28, 28) - no MNIST: {reason}"
 
 
-def make_config(rows: int, cols: int, batches: int, device: str, model: str = "mnist") -> ExperimentConfig:
+def network_of(model: str, width: int) -> dict:
+    """Lipizzaner's MNIST perceptron; the toys' (examples/ring-3x3.yaml): Tanh, hidden 128; a DCGAN/SNGAN."""
+    if model in ("dcgan", "sngan"):
+        return {"name": model, "latent_dim": 64, "width": width}
+    return {"name": "mlp", "latent_dim": 64, "hidden": 128 if model == "ring" else 256}
+
+
+def make_config(
+    rows: int, cols: int, batches: int, device: str, model: str = "mnist", width: int = 64
+) -> ExperimentConfig:
     ring = model == "ring"
     return ExperimentConfig.model_validate(
         {
@@ -82,8 +94,7 @@ def make_config(rows: int, cols: int, batches: int, device: str, model: str = "m
                 "mixture": {"score_samples": 1000},
             },
             "data": {"name": "gaussian_ring"} if ring else {"name": "mnist", "split": "test"},
-            # Lipizzaner's MNIST perceptron; the toys' (examples/ring-3x3.yaml): Tanh, hidden 128.
-            "network": {"name": "mlp", "latent_dim": 64, "hidden": 128 if ring else 256},
+            "network": network_of(model, width),
         }
     )
 
@@ -126,12 +137,15 @@ def lanes_of(cells: list[Cell]) -> list[Lane]:
 
 
 def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
-    what = "the ring's perceptrons (hidden 128, Tanh)" if args.model == "ring" else "MNIST perceptrons (hidden 256)"
+    what = {
+        "ring": "the ring's perceptrons (hidden 128, Tanh)",
+        "mnist": "MNIST perceptrons (hidden 256)",
+    }.get(args.model, f"MNIST {args.model.upper()}s (28×28, width {args.width})")
     print(f"\nsteps: {args.batches} batches of 100 per cell, {what}, {args.rounds} rounds (median)")
     print(f"{'K':>5} {'tiled m·b/s':>12} {'alone m·b/s':>12} {'ratio':>7} {'tiled ms/batch':>15}")
     for k in args.cells:
         rows, cols = SHAPES.get(k, (1, k))
-        cells = make_cells(make_config(rows, cols, args.batches, args.device, args.model), dataset)
+        cells = make_cells(make_config(rows, cols, args.batches, args.device, args.model, args.width), dataset)
         lanes = lanes_of(cells)
         alone = lanes[: min(k, args.alone)]
         train_tile(lanes)  # warm-up: allocations, kernels
@@ -155,7 +169,7 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
 
 def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     side = args.grid
-    config = make_config(side, side, args.batches, args.device, args.model)
+    config = make_config(side, side, args.batches, args.device, args.model, args.width)
     cells = make_cells(config, dataset)
     tile = Tile(cells)
     phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
@@ -243,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=3, help="--grid: timed iterations")
     parser.add_argument("--baselines", type=int, nargs="*", default=[], help="the referee's N plain GANs (none: skip)")
     parser.add_argument("--project", type=int, default=120_000, help="--grid: batches per cell to project to")
-    parser.add_argument("--model", choices=["mnist", "ring"], default="mnist", help="MNIST's perceptrons or the toys'")
+    parser.add_argument(
+        "--model",
+        choices=["mnist", "ring", "dcgan", "sngan"],
+        default="mnist",
+        help="MNIST's perceptrons, the toys' or MNIST DCGANs/SNGANs",
+    )
+    parser.add_argument("--width", type=int, default=64, help="dcgan/sngan: base channel count")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="CPU: process time or wall time")

@@ -8,6 +8,7 @@ resuming a tiled checkpoint untiled and back, and `palomino train` with tiles on
 
 from __future__ import annotations
 
+import copy
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,8 +23,10 @@ from palomino.config import ExperimentConfig, parse_config
 from palomino.data import Dataset, load_dataset
 from palomino.grid import Coord, Topology
 from palomino.nn import build_discriminator, build_generator
-from palomino.nn.stacked import StackedMLP, stack, stackable, unstack
+from palomino.nn.stack_layout import layout_of, tileable
+from palomino.nn.stacked import StackedMLP, gather, stack, stack_buffers, stackable, unstack
 from palomino.nn.stacked_adam import StackedAdam
+from palomino.nn.stacked_conv import BufferUse, StackedConv
 
 
 def config(**changes: Any) -> ExperimentConfig:
@@ -142,13 +145,51 @@ def test_unstack_writes_each_members_weights_back(float64: None) -> None:
     assert torch.allclose(params["net.0.weight"][1], members[1].net[0].weight)
 
 
-def test_dcgan_has_no_stacked_form_and_says_what_to_do() -> None:
-    dcgan = parse_config(tiny(network={"name": "dcgan", "width": 8}, data={"name": "gaussian_grid"}))
-    assert dcgan.tiles == "auto"
-    module = build_discriminator(dcgan.network, (1, 28, 28), "image")
-    assert not stackable(module)
-    with pytest.raises(TypeError, match="no stacked form"):
-        StackedMLP.of(module)
+CONV_NETWORKS = [
+    pytest.param({"name": "dcgan"}, (1, 28, 28), id="dcgan-28"),
+    pytest.param({"name": "sngan"}, (1, 28, 28), id="sngan-28"),
+    pytest.param({"name": "dcgan", "conditional": True, "label_dim": 4}, (3, 32, 32), id="conditional-dcgan-32"),
+    pytest.param({"name": "sngan", "conditional": True, "label_dim": 4}, (1, 28, 28), id="conditional-sngan-28"),
+]
+
+
+@pytest.mark.parametrize(("network", "shape"), CONV_NETWORKS)
+def test_stacked_convolutions_match_each_member_buffers_included(float64: None, network: dict, shape: tuple) -> None:
+    """Slots may repeat a member (two generators facing one critic) or be inactive: each active
+    slot computes what its member's module computes at that point, and the members' running
+    statistics and power iterations advance once per active slot, in slot order."""
+    spec = config(network={"width": 4, "latent_dim": 8, **network}).network
+    labels = 3 if spec.conditional else None
+    for build in (build_generator, build_discriminator):
+        members = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            members.append(build(spec, shape, "image", labels))
+        twins = copy.deepcopy(members)
+        layout = layout_of(members[0])
+        assert isinstance(layout, StackedConv) and tileable(members[0]) and not stackable(members[0])
+        params, buffers = stack(members, layout.names), stack_buffers(members, layout.buffer_names)
+        slots, active = [0, 2, 2, 1, 2], [True, True, True, False, True]
+        x = torch.randn(len(slots), 5, 8) if build is build_generator else torch.randn(len(slots), 5, *shape)
+        y = torch.randint(0, 3, (len(slots), 5)) if labels else None
+        out = layout.forward(gather(params, torch.tensor(slots)), x, y, BufferUse(buffers, slots, active))
+        for slot, (member, on) in enumerate(zip(slots, active)):
+            if on:  # the twins run in slot order, as cells do one by one
+                twin = twins[member]
+                alone = twin(x[slot]) if y is None else twin(x[slot], y[slot])
+                assert torch.allclose(out[slot], alone, rtol=1e-10, atol=1e-12), (build.__name__, slot)
+        unstack(params, members, buffers)
+        for module, twin in zip(members, twins):
+            state, expected = module.state_dict(), twin.state_dict()
+            assert state.keys() == expected.keys()
+            for key in state:
+                assert torch.allclose(state[key].double(), expected[key].double(), atol=1e-12), (build.__name__, key)
+        assert any("running_mean" in n or "_u" in n for n in layout.buffer_names)
+
+
+def test_a_network_without_a_stacked_form_is_named() -> None:
+    with pytest.raises(TypeError, match="Linear has no stacked form"):
+        layout_of(torch.nn.Linear(2, 2))
 
 
 def test_stacked_adam_matches_torch_adam_per_member(float64: None) -> None:
@@ -296,15 +337,54 @@ def test_cells_on_different_batch_sizes_share_a_tile(float64: None) -> None:
     assert_same_cells(alone, together)
 
 
-def test_a_tile_refuses_cells_without_a_stacked_form() -> None:
-    cfg = parse_config(tiny(network={"name": "dcgan", "width": 4, "latent_dim": 8}, grid={"rows": 1, "cols": 1}))
-    images = Dataset("images", torch.rand(64, 1, 28, 28) * 2 - 1, None, "image")
-    cells = make_cells(cfg, images)
-    assert not use_tile(cfg, cells)  # auto: dcgan trains one cell at a time
-    with pytest.raises(ValueError, match="no stacked form"):
-        Tile(cells)
-    with pytest.raises(Exception, match="tiles: on needs"):
-        parse_config(tiny(network={"name": "dcgan"}, tiles="on"))
+def images64(labelled: bool = False, shape: tuple[int, ...] = (1, 28, 28)) -> Dataset:
+    """64 random images (and 3 labels), float32 by contract; make_cells moves them to float64."""
+    generator = torch.Generator().manual_seed(0)
+    samples = torch.rand(64, *shape, generator=generator, dtype=torch.float32) * 2 - 1
+    labels = torch.arange(64) % 3 if labelled else None
+    return Dataset("images", samples, labels, "image")
+
+
+CONV_CASES = [
+    pytest.param({"network": {"name": "dcgan"}}, id="dcgan-minimax"),
+    pytest.param(
+        {
+            "network": {"name": "dcgan"},
+            "training": {
+                "population_size": 2,
+                "mutation": {"probability": 1.0, "alpha": 0.5},
+                "discriminator_skip_each_nth_step": 1,
+            },
+        },
+        id="dcgan-population-2-mutated-rates-skip",
+    ),
+    pytest.param(
+        {"network": {"name": "sngan"}, "training": {"losses": ["minimax", "wgan_gp"], "batches_per_iteration": 4}},
+        id="sngan-mustangs-wgan-gp",
+    ),
+    pytest.param({"network": {"name": "sngan", "conditional": True, "label_dim": 4}}, id="conditional-sngan"),
+]
+
+
+@pytest.mark.parametrize("changes", CONV_CASES)
+def test_a_dcgan_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict) -> None:
+    """BatchNorm's running statistics (which the mixture samples with) and spectral norm's u and v
+    are part of each cell's state: the tile advances them as the cells do."""
+    merged: dict[str, Any] = {
+        "grid": {"rows": 1, "cols": 2},
+        "training": {"iterations": 3, "batches_per_iteration": 2, "batch_size": 8, "fitness": {"sample_size": 8}},
+    }
+    for section, values in changes.items():
+        merged[section] = {**merged.get(section, {}), **values}
+    merged["network"] = {"width": 4, "latent_dim": 8, **merged["network"]}
+    cfg = parse_config(tiny(**merged))
+    dataset = images64(labelled=cfg.network.conditional)
+    alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
+    assert not use_tile(cfg, alone)  # auto: convolutions are compute-bound on a CPU, one by one there
+    expected = one_by_one(alone, 2)
+    assert_same_reports(expected, tiled(together, 2))
+    assert_same_cells(alone, together)
+    assert any("running_var" in key or "_v" in key for key in together[0].state()[0])
 
 
 # ---- the command line --------------------------------------------------------------------------
@@ -336,8 +416,9 @@ def test_train_tiled_is_reproducible_and_matches_untiled(tmp_path) -> None:
         assert tiled_record["generator"]["loss"] == pytest.approx(alone["generator"]["loss"], rel=1e-3, abs=1e-4)
 
 
-def test_train_tiles_on_with_dcgan_exits_2_naming_the_field(tmp_path) -> None:
-    cfg = write_yaml(tmp_path / "bad.yaml", tiny(network={"name": "dcgan"}, tiles="on"))
+def test_train_with_an_unknown_tiles_word_exits_2_naming_the_field(tmp_path) -> None:
+    assert parse_config(tiny(network={"name": "dcgan"}, tiles="on")).tiles == "on"  # every network tiles
+    cfg = write_yaml(tmp_path / "bad.yaml", tiny(tiles="sometimes"))
     result = palomino("train", cfg, "--out", tmp_path / "out", cwd=tmp_path)
     assert result.returncode == 2
     assert "tiles" in result.stderr

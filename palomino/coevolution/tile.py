@@ -16,6 +16,7 @@ from palomino.coevolution.cell import Cell, IterationReport
 from palomino.coevolution.tile_training import Lane, train_tile
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
+from palomino.nn.stack_layout import tileable
 from palomino.nn.stacked import stackable
 from palomino.wire import Snapshot
 
@@ -29,16 +30,16 @@ CPU_TILE_PARAMETERS = 100_000
 
 def use_tile(config: ExperimentConfig, cells: Sequence[Cell]) -> bool:
     """Whether a process trains these cells as one tile: `tiles: on`, or `auto` where it pays —
-    perceptrons on a GPU, small perceptrons on a CPU."""
+    every network on a GPU, small perceptrons on a CPU (convolutions are compute-bound there)."""
     if config.tiles == "off" or not cells:
         return False
     if config.tiles == "on":
         return True
     networks = [cells[0].generators.best.network, cells[0].discriminators.best.network]
-    if not all(stackable(network) for network in networks):
-        return False
+    if cells[0].device.type != "cpu":
+        return all(tileable(network) for network in networks)
     size = sum(p.numel() for network in networks for p in network.parameters())
-    return cells[0].device.type != "cpu" or size <= CPU_TILE_PARAMETERS
+    return all(stackable(network) for network in networks) and size <= CPU_TILE_PARAMETERS
 
 
 class Tile:
@@ -53,7 +54,7 @@ class Tile:
         for cell in cells:
             if cell.device != first.device or cell.config is not first.config:
                 raise ValueError(f"cell {cell.coord}: a tile's cells share one device and one experiment")
-            if not all(stackable(ind.network) for ind in [*cell.generators, *cell.discriminators]):
+            if not all(tileable(ind.network) for ind in [*cell.generators, *cell.discriminators]):
                 raise ValueError(f"cell {cell.coord}: its networks have no stacked form; train it with tiles: off")
         self.cells = list(cells)
         self.workers = max(1, min(workers, len(self.cells)))

@@ -21,8 +21,10 @@ from palomino.coevolution.mutation import mutate_learning_rates
 from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
-from palomino.nn.stacked import StackedMLP, gather, stack, stacked_gradient_penalty, unstack
+from palomino.nn.stack_layout import StackLayout, layout_of
+from palomino.nn.stacked import gather, stack, stack_buffers, stacked_gradient_penalty, unstack
 from palomino.nn.stacked_adam import StackedAdam
+from palomino.nn.stacked_conv import BufferUse
 
 
 @dataclass
@@ -54,21 +56,23 @@ def train_tile(lanes: list[Lane]) -> list[Steps]:
 
 @dataclass
 class _Role:
-    """One role's members across the lanes: stacked weights, Adam, rates, the lane of each member."""
+    """One role's members across the lanes: stacked weights and buffers, Adam, rates, the lane of each member."""
 
     individuals: list[Individual]
     lane_of: list[int]
     first: list[int]  # each lane's first member
-    layout: StackedMLP = field(init=False)
+    layout: StackLayout = field(init=False)
     params: dict[str, Tensor] = field(init=False)
+    buffers: dict[str, Tensor] = field(init=False)
     adam: StackedAdam = field(init=False)
     rates: list[float] = field(init=False)
     last_loss: list[str | None] = field(init=False)
 
     def __post_init__(self) -> None:
         networks = [ind.network for ind in self.individuals]
-        self.layout = StackedMLP.of(networks[0])
+        self.layout = layout_of(networks[0])
         self.params = stack(networks, self.layout.names)
+        self.buffers = stack_buffers(networks, self.layout.buffer_names)
         betas = self.individuals[0].optimizer.param_groups[0]["betas"]
         self.adam = StackedAdam(self.params, [ind.optimizer for ind in self.individuals], betas)
         self.rates = [ind.learning_rate for ind in self.individuals]
@@ -90,8 +94,12 @@ class _Role:
             return detached  # each member's opponent is its lane's only one (population 1): no copy
         return gather(detached, _index(index, self.params[self.layout.names[0]].device))
 
+    def use(self, members: list[int] | None, active: list[bool]) -> BufferUse | None:
+        """The buffers that a stacked call of these members advances (None: the networks keep none)."""
+        return BufferUse(self.buffers, members, active) if self.buffers else None
+
     def write_back(self, scales: list[float]) -> None:
-        unstack(self.params, [ind.network for ind in self.individuals])
+        unstack(self.params, [ind.network for ind in self.individuals], self.buffers)
         self.adam.unstack([ind.optimizer for ind in self.individuals])
         for member, ind in enumerate(self.individuals):
             if self.last_loss[member] is not None:  # it stepped: its rate and loss as Training.run leaves them
@@ -199,8 +207,9 @@ class _Lockstep:
     def _generator_step(self, draws: _Draws) -> Tensor:
         z = _stacked(draws.noise)
         labels = _stacked_labels(draws.labels)
-        fake = self.g.layout.forward(self.g.params, z, labels)
-        logits = self.d.layout.forward(self.d.frozen(draws.opponents), fake, labels)
+        fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, draws.active))
+        opponents = self.d.frozen(draws.opponents)
+        logits = self.d.layout.forward(opponents, fake, labels, self.d.use(draws.opponents, draws.active))
         values = _per_member(draws.losses, lambda loss, rows: loss.generator(_rows(logits, rows)), self.device)
         self._update(self.g, values, draws)
         return values.detach()
@@ -212,9 +221,11 @@ class _Lockstep:
         labels = _stacked_labels(draws.labels)
         real = _stacked(reals)[self.d_lanes]  # each member's lane's batch
         with torch.no_grad():
-            fake = self.g.layout.forward(self.g.frozen(draws.opponents), z, labels)
-        real_logits = self.d.layout.forward(self.d.params, real, labels)
-        fake_logits = self.d.layout.forward(self.d.params, fake, labels)
+            opponents = self.g.frozen(draws.opponents)
+            fake = self.g.layout.forward(opponents, z, labels, self.g.use(draws.opponents, draws.active))
+        # Real then fake, each its own forward: a cell's D runs twice, BatchNorm and spectral norm included.
+        real_logits = self.d.layout.forward(self.d.params, real, labels, self.d.use(None, draws.active))
+        fake_logits = self.d.layout.forward(self.d.params, fake, labels, self.d.use(None, draws.active))
 
         def loss_of(loss: GanLoss, rows: Tensor | None) -> Tensor:
             value = loss.discriminator_from_logits(_rows(real_logits, rows), _rows(fake_logits, rows))
@@ -231,7 +242,10 @@ class _Lockstep:
         rows = rows if rows is not None else torch.arange(len(real), device=self.device)
         eps = torch.stack([draws.eps[m] for m in rows.tolist()])  # type: ignore[misc]
         labels = None if labels is None else labels[rows]
-        return stacked_gradient_penalty(self.d.layout, gather(self.d.params, rows), real[rows], fake[rows], eps, labels)
+        members = rows.tolist()
+        use = self.d.use(members, [draws.active[m] for m in members])
+        params = gather(self.d.params, rows)
+        return stacked_gradient_penalty(self.d.layout, params, real[rows], fake[rows], eps, labels, use)
 
     def _update(self, role: _Role, values: Tensor, draws: _Draws) -> None:
         everyone = all(draws.active)

@@ -491,7 +491,7 @@ class ExperimentConfig(_Strict):
     tiles: Literal["auto", "on", "off"] = Field(
         "auto",
         description="train a process's cells in lockstep as one tile, weights stacked (docs/tiles.md): auto = "
-        "where it pays (mlp on a GPU; small mlp on a CPU), on = always (mlp only), off = one cell at a time",
+        "where it pays (every network on a GPU; small mlp on a CPU), on = always, off = one cell at a time",
     )
     grid: GridConfig = Field(default_factory=GridConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -512,15 +512,6 @@ class ExperimentConfig(_Strict):
     def _tiles_word(cls, value: Any) -> Any:
         # YAML 1.1 reads a bare on/off as true/false: take them as the words they were.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-    @model_validator(mode="after")
-    def _tiles_fit(self) -> ExperimentConfig:
-        if self.tiles == "on" and self.network.name != "mlp":
-            raise ValueError(
-                f"tiles: on needs a network with a stacked form (mlp); network.name={self.network.name} trains "
-                "one cell at a time for now: use tiles: auto or off"
-            )
-        return self
 
     @model_validator(mode="after")
     def _labels_fit(self) -> ExperimentConfig:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -62,9 +63,12 @@ class StackedMLP:
             names=tuple(name for name, _ in template.named_parameters()),
         )
 
-    def forward(self, params: Params, x: Tensor, labels: Tensor | None = None) -> Tensor:
+    buffer_names: tuple[str, ...] = ()  # a perceptron keeps no state beside its weights
+
+    def forward(self, params: Params, x: Tensor, labels: Tensor | None = None, use: object = None) -> Tensor:
         """Generators: z (M, B, latent) → samples (M, B, *sample_shape); discriminators:
-        samples (M, B, *sample_shape) → logits (M, B). `labels` (M, B) for conditional stacks."""
+        samples (M, B, *sample_shape) → logits (M, B). `labels` (M, B) for conditional stacks.
+        `use` is the convolutional stacks' buffer bookkeeping (stacked_conv.py); perceptrons have none."""
         p = "body.net." if self.conditional else "net."
         h = x if self.generator else x.flatten(2)
         if self.conditional:
@@ -72,28 +76,29 @@ class StackedMLP:
                 raise ValueError("a conditional stack needs the labels of its inputs")
             table = params["embed.weight"]  # (M, label_count, label_dim): each member's own embedding
             h = torch.cat([h, table[torch.arange(len(table), device=table.device)[:, None], labels]], dim=2)
-        h = self.activation(_linear(h, params[p + "0.weight"], params[p + "0.bias"]))
+        h = self.activation(linear(h, params[p + "0.weight"], params[p + "0.bias"]))
         if self.minibatch_std:
             spread = h.std(1, unbiased=False).mean(-1) if h.shape[1] > 1 else h.new_zeros(h.shape[0])
             h = torch.cat([h, spread[:, None, None].expand(-1, h.shape[1], 1)], dim=2)
-        h = self.activation(_linear(h, params[p + "2.weight"], params[p + "2.bias"]))
-        h = _linear(h, params[p + "4.weight"], params[p + "4.bias"])
+        h = self.activation(linear(h, params[p + "2.weight"], params[p + "2.bias"]))
+        h = linear(h, params[p + "4.weight"], params[p + "4.bias"])
         if not self.generator:
             return h.squeeze(-1)
         return self.output(h).view(h.shape[0], h.shape[1], *self.sample_shape)
 
 
 def stacked_gradient_penalty(
-    layout: StackedMLP, params: Params, real: Tensor, fake: Tensor, eps: Tensor, labels: Tensor | None = None
+    layout: Any, params: Params, real: Tensor, fake: Tensor, eps: Tensor, labels: Tensor | None = None, use: Any = None
 ) -> Tensor:
     """WGAN-GP's E[(‖∇D(x̂)‖₂ − 1)²] for each member (M,), as nn.losses.gradient_penalty computes it
-    for one: x̂ = eps·real + (1 − eps)·fake, with each member's own `eps` (M, B, 1, …)."""
+    for one: x̂ = eps·real + (1 − eps)·fake, with each member's own `eps` (M, B, 1, …). `layout` is a
+    StackedMLP or a StackedConv (with its `use`)."""
     x_hat = (eps * real.detach() + (1 - eps) * fake.detach()).requires_grad_(True)
-    (grad,) = torch.autograd.grad(layout.forward(params, x_hat, labels).sum(), x_hat, create_graph=True)
+    (grad,) = torch.autograd.grad(layout.forward(params, x_hat, labels, use).sum(), x_hat, create_graph=True)
     return (grad.flatten(2).norm(2, dim=2) - 1).square().mean(-1)
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """x (M, B, in) · weightᵀ (M, in, out) + bias (M, out): one kernel for every member."""
     return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
@@ -105,11 +110,20 @@ def stack(modules: Sequence[nn.Module], names: Sequence[str]) -> Params:
 
 
 @torch.no_grad()
-def unstack(params: Params, modules: Sequence[nn.Module]) -> None:
-    """Copy each member's slice back into its own module."""
+def stack_buffers(modules: Sequence[nn.Module], names: Sequence[str]) -> Params:
+    """The members' buffers (BatchNorm's running statistics, spectral norm's u and v) stacked (copies)."""
+    per_module = [dict(m.named_buffers()) for m in modules]
+    return {name: torch.stack([b[name] for b in per_module]) for name in names}
+
+
+@torch.no_grad()
+def unstack(params: Params, modules: Sequence[nn.Module], buffers: Params | None = None) -> None:
+    """Copy each member's slice back into its own module (its buffers too, when given)."""
     for index, module in enumerate(modules):
         for name, parameter in module.named_parameters():
             parameter.copy_(params[name][index])
+        for name, buffer in module.named_buffers() if buffers else ():
+            buffer.copy_(buffers[name][index])
 
 
 def gather(params: Params, index: Tensor) -> Params:
