@@ -202,7 +202,7 @@ class Probe:
 
         return wrapper
 
-    MODULE_HOOKS = ("loss_table", "neighbourhood_select", "replace")  # names cell.py imports
+    MODULE_HOOKS = ("fitness_tables", "neighbourhood_select", "replace")  # names cell.py imports
     CELL_HOOKS = ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score")
 
     @contextlib.contextmanager
@@ -240,7 +240,7 @@ class Probe:
             elif name == "generate":
                 out["fitness (all-vs-all)" if generate_seen == 0 else "re-evaluation"] += seconds
                 generate_seen += 1
-            elif name == "loss_table":
+            elif name == "fitness_tables":
                 out["fitness (all-vs-all)" if table_seen == 0 else "re-evaluation"] += seconds
                 table_seen += 1
             elif name in ("neighbourhood_select", "clone"):

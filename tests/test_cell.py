@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -11,10 +12,12 @@ import torch
 from conftest import tiny
 
 from palomino.coevolution import Cell, IterationReport
+from palomino.coevolution.fitness import fitness_tables, generate
 from palomino.coevolution.individual import Individual, make_adam
 from palomino.config import ExperimentConfig, parse_config
 from palomino.data import Dataset, load_dataset
 from palomino.grid import Coord, Topology
+from palomino.nn import build_discriminator, build_generator, get_loss
 from palomino.wire import Snapshot, decode_snapshot, encode_snapshot
 
 REPORT_FIELDS = {
@@ -332,6 +335,50 @@ def test_fitness_modes(ring: Dataset) -> None:
     # And a grid trains in each mode.
     for mode in ("best", "worst"):
         run_grid(config(grid={"rows": 1, "cols": 2}, training={"fitness": {"mode": mode, "sample_size": 32}}), ring, 1)
+
+
+@pytest.mark.parametrize("network", ["mlp", "dcgan"])
+def test_fitness_tables_in_part_are_the_whole_tables_rows_and_columns(network: str) -> None:
+    """A cell whose neighbours never enter selection evaluates only its own rows and columns."""
+    spec = config(network={"name": network, "hidden": 16, "width": 4, "latent_dim": 8}).network
+    shape, kind = ((2,), "points") if network == "mlp" else ((1, 28, 28), "image")
+    torch.manual_seed(0)
+    gens = [build_generator(spec, shape, kind) for _ in range(3)]
+    crits = [build_discriminator(spec, shape, kind) for _ in range(4)]
+    z, real, loss = torch.randn(16, 8), torch.randn(16, *shape), get_loss("nonsaturating")
+    fakes = generate(gens, z)
+    state = [copy.deepcopy(d.state_dict()) for d in crits]  # BatchNorm moves in training mode: rewind
+
+    def tables(**part: int) -> tuple[torch.Tensor, torch.Tensor]:
+        for d, saved in zip(crits, state):
+            d.load_state_dict(saved)
+        return fitness_tables(fakes, crits, real, loss, **part)
+
+    whole_g, whole_d = tables()
+    assert whole_g.shape == (3, 4) and whole_d.shape == (3, 4)
+    own_g, own_d = tables(generators=1, critics=2)
+    assert torch.allclose(own_g, whole_g[:1], rtol=1e-5) and torch.allclose(own_d, whole_d[:, :2], rtol=1e-5)
+    only_g, none_d = tables(critics=0)
+    assert torch.allclose(only_g, whole_g, rtol=1e-5) and none_d.shape == (3, 0)
+    none_g, only_d = tables(generators=0)
+    assert none_g.shape == (0, 4) and torch.allclose(only_d, whole_d, rtol=1e-5)
+
+
+def test_without_migration_a_cell_evaluates_only_its_own_and_selects_as_with_the_whole_table(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2}, training={"selection": {"migration": 0.0}})
+    neighbour = make_cell(cfg, ring, (0, 1)).snapshot()
+    cell, twin = make_cell(cfg, ring), make_cell(cfg, ring)
+    chosen = cell.select({Coord(0, 1): copy_of(neighbour)})
+    # The twin computes the whole table, as a cell with migration did before.
+    draw = twin._fitness_draw()
+    foreign = [twin._from_snapshot(copy_of(neighbour), role) for role in ("generator", "discriminator")]
+    fakes = generate([twin.generators.best.network, foreign[0].network], draw.z)
+    g_table, d_table = fitness_tables(
+        fakes, [twin.discriminators.best.network, foreign[1].network], draw.real, cell.fitness_loss
+    )
+    assert cell.generators.best.fitness == pytest.approx(float(g_table[0].mean()), rel=1e-5)
+    assert cell.discriminators.best.fitness == pytest.approx(float(d_table[:, 0].mean()), rel=1e-5)
+    assert [ind.origin for ind in chosen.generators] == [cell.generators.best.origin]  # its own, cloned
 
 
 def test_snapshot_fitness_is_finite_before_any_iteration(ring: Dataset) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from palomino.coevolution import cell_state
 from palomino.coevolution.cell_data import CellData, cell_dataset, cell_seed
-from palomino.coevolution.fitness import aggregate, generate, loss_table
+from palomino.coevolution.fitness import aggregate, fitness_tables, generate
 from palomino.coevolution.individual import Individual, Population, Role
 from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights
 from palomino.coevolution.networks import NeighbourSlots, Networks
@@ -155,32 +155,41 @@ class Cell:
 
         # Fitness: all-vs-all on one shared draw of noise and real data (a conditional network's
         # fakes take the real draw's labels: one draw from the priors, and pairs of one class).
+        # Where neighbours never enter selection (migration 0), only the cell's own individuals
+        # need a fitness: against every neighbour, as always.
         draw = self._fitness_draw()
         fakes = self._generate(all_g, draw.z, draw.labels)
-        g_table, d_table, d_reals = loss_table(
-            fakes, [d.network for d in all_d], draw.real, self.fitness_loss, labels=draw.labels
+        alone = self.config.training.selection.migration == 0
+        g_table, d_table = fitness_tables(
+            fakes,
+            [d.network for d in all_d],
+            draw.real,
+            self.fitness_loss,
+            draw.labels,
+            generators=len(self.generators) if alone else None,
+            critics=len(self.discriminators) if alone else None,
         )
-        self._assign(all_g, g_table, dim=1)
-        self._assign(all_d, d_table, dim=0)
+        self._assign(all_g[: len(g_table)], g_table, dim=1)
+        self._assign(all_d[: d_table.shape[1]], d_table, dim=0)
 
         # Selection over the neighbourhood (or, when no one migrates this iteration, the cell
         # alone) builds the new local populations, which train against each other.
         new_g = self._select(all_g, len(self.generators))
         new_d = self._select(all_d, len(self.discriminators))
         heard = {str(c): neighbours[c].iteration for c in others}
-        return Selected(new_g, new_d, others, foreign_g, all_d, draw, fakes, d_reals, heard)
+        return Selected(new_g, new_d, others, foreign_g, all_d, draw, fakes, heard)
 
     def complete(self, selected: Selected, steps: Steps) -> IterationReport:
         """The iteration after training: re-evaluation, replacement, the mixture, the report."""
         new_g, new_d, draw, all_d = selected.generators, selected.discriminators, selected.draw, selected.all_d
-        # Re-evaluate the trained individuals against the neighbourhood (whose discriminators
-        # have not changed since: their logits on real data are reused), then replace the worst.
+        # Re-evaluate the trained individuals against the neighbourhood (the trained generators
+        # against every discriminator, the trained discriminators on every first fake), then replace.
         new_fakes = self._generate(new_g, draw.z, draw.labels)
-        g_table, _, _ = loss_table(
-            new_fakes, [d.network for d in all_d], draw.real, self.fitness_loss, selected.d_reals, draw.labels
+        g_table, _ = fitness_tables(
+            new_fakes, [d.network for d in all_d], draw.real, self.fitness_loss, draw.labels, critics=0
         )
-        _, d_table, _ = loss_table(
-            selected.fakes, [d.network for d in new_d], draw.real, self.fitness_loss, labels=draw.labels
+        _, d_table = fitness_tables(
+            selected.fakes, [d.network for d in new_d], draw.real, self.fitness_loss, draw.labels, generators=0
         )
         self._assign(new_g, g_table, dim=1)
         self._assign(new_d, d_table, dim=0)
@@ -300,7 +309,7 @@ class Cell:
 @dataclass
 class Selected:
     """An iteration between selection and training: the sub-populations to train, and what
-    re-evaluation reuses (the fitness draw, the first fakes, the discriminators' real logits)."""
+    re-evaluation reuses (the fitness draw, the first fakes)."""
 
     generators: list[Individual]
     discriminators: list[Individual]
@@ -309,7 +318,6 @@ class Selected:
     all_d: list[Individual]
     draw: FitnessDraw
     fakes: list[torch.Tensor]
-    d_reals: list[torch.Tensor]
     heard: dict[str, int]  # neighbour → the iteration of its snapshot
 
 

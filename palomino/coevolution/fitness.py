@@ -26,48 +26,69 @@ def aggregate(values: torch.Tensor, mode: Mode, dim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def loss_table(
+def fitness_tables(
     fakes: Sequence[torch.Tensor],
     discriminators: Sequence[nn.Module],
     real: torch.Tensor,
     loss: GanLoss,
-    d_reals: Sequence[torch.Tensor] | None = None,
     labels: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """(G×D generator losses, G×D discriminator losses, each D's logits on `real`).
+    *,
+    generators: int | None = None,
+    critics: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(generator losses, discriminator losses): the first `generators` fakes (all by default)
+    against every discriminator, (g, D), and every fake against the first `critics`
+    discriminators (all by default), (G, c); on the CPU.
 
-    `d_reals` passes in logits already computed for these discriminators on `real`.
-    `labels`: conditional networks' labels, shared by `real` and every fake (generated with them).
-    Tables are built on the device and moved once: no synchronisation per pair. Perceptrons
-    are evaluated stacked (a few calls for the whole table, nn/stacked.py).
+    A cell whose neighbours never enter its selection needs only its own individuals' fitness:
+    with perceptrons, only those rows and columns are evaluated (a third of the table at five
+    neighbours and population 1). `labels`: conditional networks' labels, shared by `real` and
+    every fake (generated with them). Tables are built on the device and moved once: no
+    synchronisation per pair. Perceptrons are evaluated stacked (a few calls for the whole
+    table, nn/stacked.py).
     """
+    g = len(fakes) if generators is None else generators
+    c = len(discriminators) if critics is None else critics
     if same_architecture(discriminators):
-        return _stacked_table(fakes, discriminators, real, loss, d_reals, labels)
-    d_reals = list(d_reals) if d_reals is not None else [apply(d, real, labels) for d in discriminators]
+        return _stacked_tables(fakes, discriminators, real, loss, labels, g, c)
+    # One module at a time, every pair, in the order they always ran: a DCGAN's BatchNorm
+    # statistics and spectral norm move with every forward in training mode.
+    d_reals = [apply(d, real, labels) for d in discriminators] if c else []
     g_rows, d_rows = [], []
     for fake in fakes:
         d_fakes = [apply(d, fake, labels) for d in discriminators]
         g_rows.append(torch.stack([loss.generator(f) for f in d_fakes]))
-        d_rows.append(torch.stack([loss.discriminator_from_logits(r, f) for r, f in zip(d_reals, d_fakes)]))
-    return torch.stack(g_rows).cpu(), torch.stack(d_rows).cpu(), d_reals
+        if c:
+            d_rows.append(torch.stack([loss.discriminator_from_logits(r, f) for r, f in zip(d_reals, d_fakes)]))
+    g_table = torch.stack(g_rows)[:g].cpu()
+    d_table = torch.stack(d_rows)[:, :c].cpu() if c else torch.empty(len(fakes), 0)
+    return g_table, d_table
 
 
-def _stacked_table(
+def _stacked_tables(
     fakes: Sequence[torch.Tensor],
     discriminators: Sequence[nn.Module],
     real: torch.Tensor,
     loss: GanLoss,
-    d_reals: Sequence[torch.Tensor] | None,
     labels: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """loss_table's result from one stacked evaluation: every D on every fake (and on `real`)."""
-    inputs = list(fakes) if d_reals is not None else [*fakes, real]
-    logits = apply_each(discriminators, inputs, labels)  # (D, inputs, N)
-    d_fake = logits[:, : len(fakes)]
-    d_real = torch.stack(list(d_reals)) if d_reals is not None else logits[:, len(fakes)]
-    g_table = loss.generator(d_fake).T  # (G, D): losses average over the last axis
-    d_table = loss.discriminator_from_logits(d_real[:, None], d_fake).T
-    return g_table.cpu(), d_table.cpu(), list(d_real.unbind())
+    g: int,
+    c: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fitness_tables' result from stacked evaluations: the whole table in one, parts in two."""
+    count = len(fakes)
+    if g == count and c == len(discriminators):
+        logits = apply_each(discriminators, [*fakes, real], labels)  # (D, G + 1, N)
+        d_fake, d_real = logits[:, :count], logits[:, count]
+        g_table = loss.generator(d_fake).T  # (G, D): losses average over the last axis
+        return g_table.cpu(), loss.discriminator_from_logits(d_real[:, None], d_fake).T.cpu()
+    g_table = torch.empty(0, len(discriminators))
+    if g:
+        g_table = loss.generator(apply_each(discriminators, fakes[:g], labels)).T.cpu()
+    d_table = torch.empty(count, 0)
+    if c:
+        logits = apply_each(discriminators[:c], [*fakes, real], labels)  # (c, G + 1, N)
+        d_table = loss.discriminator_from_logits(logits[:, count, None], logits[:, :count]).T.cpu()
+    return g_table, d_table
 
 
 def generate(
