@@ -24,6 +24,15 @@ def hidden_activation(name: Activation) -> nn.Module:
     raise ValueError(f"unknown activation {name!r}: use leaky_relu, tanh or relu")
 
 
+def batch_spread(h: Tensor, dim: int) -> Tensor:
+    """Minibatch std's statistic: the features' standard deviation over the batch axis `dim`
+    (biased), averaged over the features (the last axis). Two passes (mean, then the squared
+    deviations) instead of `Tensor.std`, which took 8–20× longer over a batch axis that is not
+    the last on this project's CPU, and more than a third of a grid-4x4 iteration."""
+    centred = h - h.mean(dim, keepdim=True)
+    return centred.square().mean(dim).sqrt().mean(-1)
+
+
 class MLPGenerator(nn.Module):
     """latent → hidden → hidden → prod(sample_shape), reshaped to (B, *sample_shape).
 
@@ -86,5 +95,5 @@ class MLPDiscriminator(nn.Module):
         if not self.minibatch_std:
             return self.net(x.flatten(1)).squeeze(1)
         h = self.net[:2](x.flatten(1))
-        spread = h.std(0, unbiased=False).mean() if len(h) > 1 else h.new_zeros(())
+        spread = batch_spread(h, 0) if len(h) > 1 else h.new_zeros(())
         return self.net[2:](torch.cat([h, spread.expand(len(h), 1)], 1)).squeeze(1)
