@@ -224,8 +224,9 @@ class _Lockstep:
             opponents = self.g.frozen(draws.opponents)
             fake = self.g.layout.forward(opponents, z, labels, self.g.use(draws.opponents, draws.active))
         # Real then fake, each its own forward: a cell's D runs twice, BatchNorm and spectral norm included.
-        real_logits = self.d.layout.forward(self.d.params, real, labels, self.d.use(None, draws.active))
-        fake_logits = self.d.layout.forward(self.d.params, fake, labels, self.d.use(None, draws.active))
+        own = self.d.use(None, draws.active)
+        real_logits = self.d.layout.forward(self.d.params, real, labels, own)
+        fake_logits = self.d.layout.forward(self.d.params, fake, labels, own)
 
         def loss_of(loss: GanLoss, rows: Tensor | None) -> Tensor:
             value = loss.discriminator_from_logits(_rows(real_logits, rows), _rows(fake_logits, rows))

@@ -129,7 +129,7 @@ class StackedConv:
     conditional: bool
     sample_shape: tuple[int, ...]
     first_shape: tuple[int, ...]  # the generator's projected map (C, s, s); () for a discriminator
-    side: int
+    side: int  # a conditional discriminator's label plane (side × side); 0 otherwise
     layers: tuple[Layer, ...]
     end: str  # the generator's projection or the discriminator's head (a linear layer)
     end_spectral: _Spectral | None
@@ -150,7 +150,7 @@ class StackedConv:
             conditional=conditional,
             sample_shape=tuple(template.sample_shape) if generator else (),
             first_shape=tuple(body.first_shape) if generator else (),
-            side=0 if generator else template.side if conditional else 0,
+            side=template.side if conditional and not generator else 0,
             layers=tuple(_layer(module, f"{p}net.{i}.") for i, module in enumerate(body.net)),
             end=p + ("project." if generator else "head."),
             end_spectral=_Spectral.of(end, p + ("project." if generator else "head.")),
