@@ -28,6 +28,7 @@ rate each seed chose; table.json keeps every rate's results under "sweep".
     python benchmarks/quality.py mnist-1x1 mnist-2x2 mnist-3x3 --seeds 0 1 --set training.iterations=20
     python benchmarks/quality.py --out bench/quality      # table.json, table.png and the runs there
     python benchmarks/quality.py ring-3x3 --seeds 0 1 2 --rates 1e-4 2e-4 5e-4 1e-3   # tuned
+    python benchmarks/quality.py mnist-3x3 --seeds 0 --ablations --baselines regions  # grid variants only
 
 Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
 steps in sequence on one; on the other the N independent GANs as one stack (palomino.baselines:
@@ -70,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
 SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
 IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
+BASELINES = ("plain", "indep", "regions")  # --baselines: the rows beside the grid's
 VALIDATION = 1000  # images set aside from the training split when --rates sweeps learning rates
 
 
@@ -280,11 +282,13 @@ def evaluate_case(
     device: str = "cpu",
     sweeping: bool = False,
     ablations: bool = False,
+    baselines: tuple[str, ...] = BASELINES,
 ) -> list[Result]:
     """Every method's Result for one case, seed and learning rate; `sweeping`: each also scored on
     the validation split (images: VALIDATION training images set aside; toys: other samples);
     `ablations`: the grid again without communication (grid.neighbourhood none: each cell alone,
-    the same policies), "grid-alone"."""
+    the same policies), "grid-alone"; `baselines`: which of plain, indep (best and mix) and
+    regions to train (all by default)."""
     case = CASES[name]
     config = load_config(
         ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}", f"device={device}"]
@@ -333,22 +337,35 @@ def evaluate_case(
     # The plain GAN takes the grid's total steps in sequence on one thread; meanwhile the N
     # independent GANs (and those on the regions) train on the other, each set as one stack.
     torch.set_num_threads(1)
+    per = Budget(g // cells, d // cells)
     with ThreadPoolExecutor(1) as thread:
-        plain_job = thread.submit(train_baselines, config, [train], Budget(g, d), [seed + 1000], device)
-        per = Budget(g // cells, d // cells)
-        nets, critics, seconds = train_baselines(
-            config, [train] * cells, per, [seed + 2000 + i for i in range(cells)], device
+        plain_job = (
+            thread.submit(train_baselines, config, [train], Budget(g, d), [seed + 1000], device)
+            if "plain" in baselines
+            else None
         )
-        regions = regions_baseline(seed, config, train, per, device) if config.training.data_regions else None
-        (plain,), (plain_critic,), plain_seconds = plain_job.result()
+        indep = (
+            train_baselines(config, [train] * cells, per, [seed + 2000 + i for i in range(cells)], device)
+            if "indep" in baselines
+            else None
+        )
+        with_regions = config.training.data_regions and "regions" in baselines
+        regions = regions_baseline(seed, config, train, per, device) if with_regions else None
+        plain_done = plain_job.result() if plain_job is not None else None
     baseline = Baseline(config, train, n, seed)
     results = [grid, *ablated]
-    results.append(judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at)))
-    best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
-    results.append(
-        judged("indep-best", g + d, seconds, lambda at: baseline.sample([nets[best]], [critics[best]], at=at))
-    )
-    results.append(judged("indep-mix", g + d, seconds, lambda at: baseline.sample(nets, critics, at=at)))
+    if plain_done is not None:
+        (plain,), (plain_critic,), plain_seconds = plain_done
+        results.append(
+            judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at))
+        )
+    if indep is not None:
+        nets, critics, seconds = indep
+        best = min(range(len(nets)), key=lambda i: selection_score(nets[i], train, latent, seed, referee))
+        results.append(
+            judged("indep-best", g + d, seconds, lambda at: baseline.sample([nets[best]], [critics[best]], at=at))
+        )
+        results.append(judged("indep-mix", g + d, seconds, lambda at: baseline.sample(nets, critics, at=at)))
     if regions is not None:
         trained, parts, region_seconds = regions
         shares = np.array([len(part) for part in parts], dtype=float)
@@ -365,7 +382,14 @@ def evaluate_case(
 
 
 def sweep_case(
-    name: str, seed: int, overrides: list[str], out: Path, device: str, rates: list[float], ablations: bool = False
+    name: str,
+    seed: int,
+    overrides: list[str],
+    out: Path,
+    device: str,
+    rates: list[float],
+    ablations: bool = False,
+    baselines: tuple[str, ...] = BASELINES,
 ) -> tuple[list[Result], list[Result]]:
     """(each method at the rate its validation scores liked best, every rate's results): every
     method, the grid included, runs at each rate with its own budget; the pick never looks at the
@@ -374,7 +398,14 @@ def sweep_case(
         r
         for rate in rates
         for r in evaluate_case(
-            name, seed, [*overrides, f"training.learning_rate={rate}"], out, device, sweeping=True, ablations=ablations
+            name,
+            seed,
+            [*overrides, f"training.learning_rate={rate}"],
+            out,
+            device,
+            sweeping=True,
+            ablations=ablations,
+            baselines=baselines,
         )
     ]
     return pick(every), every
@@ -604,6 +635,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also the grid without communication (grid-alone: grid.neighbourhood=none, each cell alone with the "
         "same policies); one more grid run per case, seed and rate",
     )
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        choices=BASELINES,
+        default=list(BASELINES),
+        help="which baselines to train (default all): plain, indep (indep-best and indep-mix), regions "
+        "(indep-regions); fewer when comparing variants of the grid",
+    )
     args = parser.parse_args(argv)
     cases = args.cases or (["ring-3x3"] if args.quick else ["ring-3x3", "grid-4x4"])
     unknown = [c for c in cases if c not in CASES]
@@ -619,12 +658,22 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
             for seed in seeds:
                 if args.rates:
-                    chosen, every = sweep_case(name, seed, overrides, out, args.device, args.rates, args.ablations)
+                    chosen, every = sweep_case(
+                        name, seed, overrides, out, args.device, args.rates, args.ablations, tuple(args.baselines)
+                    )
                     swept.extend(every)
                     for r in every:
                         report(r, "validation " + shown(r.validation) + "; ")
                 else:
-                    chosen = evaluate_case(name, seed, overrides, out, args.device, ablations=args.ablations)
+                    chosen = evaluate_case(
+                        name,
+                        seed,
+                        overrides,
+                        out,
+                        args.device,
+                        ablations=args.ablations,
+                        baselines=tuple(args.baselines),
+                    )
                 for r in chosen:
                     results.append(r)
                     report(r, "chosen: " if args.rates else "")
@@ -638,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
                     "overrides": args.overrides,
                     "quick": args.quick,
                     "rates": args.rates,
+                    "baselines": args.baselines,
                     "rows": rows,
                     "sweep": [asdict(r) for r in swept],
                 },

@@ -137,3 +137,25 @@ def test_the_fashion_case_trains_on_its_data_size(quality: ModuleType, fashion_m
     train, held_out, _ = quality.split_data(config, 0)
     assert (len(train), len(held_out)) == (10_000, 10_000)
     assert len(train.labels.unique()) == 10
+
+
+def test_the_referee_trains_only_the_baselines_asked_for(quality: ModuleType, tmp_path: Path) -> None:
+    import json
+
+    short = [
+        f"--set={change}"
+        for change in (
+            "grid.rows=2",
+            "grid.cols=2",
+            "training.iterations=1",
+            "training.batches_per_iteration=2",
+            "training.fitness.sample_size=64",
+            "training.ensemble.critic_quantile=0",
+        )
+    ]
+    assert quality.main(["ring-3x3", "--seeds", "0", "--baselines", "regions", *short, "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert [row["method"] for row in table["rows"]] == ["grid", "indep-regions"]
+    assert table["baselines"] == ["regions"]
+    with pytest.raises(SystemExit):  # argparse names the choices
+        quality.main(["ring-3x3", "--baselines", "everything"])
