@@ -182,7 +182,7 @@ class DecayConfig(_Strict):
     final: float = Field(1.0, gt=0, le=1, description="the step size's multiplier in the last iteration")
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(_QuietNewKeys):
     iterations: int = Field(50, ge=1, le=10_000_000, description="iterations per cell")
     batch_size: int = Field(
         100,
@@ -234,6 +234,14 @@ class TrainingConfig(_Strict):
         "in every process), so each generator has a few modes to learn; the whole-grid ensemble joins them "
         "(docs/engine.md)",
     )
+    region_overlap: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="with data_regions: each cell also trains on this share of each neighbour's region (a seeded "
+        "share, the same whichever cell takes it), so the neighbours' individuals know part of its data; 0 = its "
+        "own region only",
+    )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     mutation: MutationConfig = Field(default_factory=MutationConfig)
@@ -258,10 +266,14 @@ class TrainingConfig(_Strict):
                 raise ValueError(renamed_loss(name))
         return value
 
+    _quiet: ClassVar[tuple[str, ...]] = ("region_overlap",)
+
     @model_validator(mode="after")
     def _tournament_fits(self) -> TrainingConfig:
         if self.replacements > self.population_size:
             raise ValueError("training.replacements must be ≤ training.population_size")
+        if self.region_overlap > 0 and not self.data_regions:
+            raise ValueError("training.region_overlap shares neighbours' regions: set training.data_regions: true")
         return self
 
 
