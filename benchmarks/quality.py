@@ -335,10 +335,8 @@ def evaluate_case(
         )
 
     # The plain GAN takes the grid's total steps in sequence on one thread; meanwhile the N
-    # independent GANs (and those on the regions) train on the other, each set as one stack
-    # (without the plain GAN, on every thread).
-    if "plain" in baselines:
-        torch.set_num_threads(1)
+    # independent GANs (and those on the regions) train on the other, each set as one stack.
+    torch.set_num_threads(1)
     per = Budget(g // cells, d // cells)
     with ThreadPoolExecutor(1) as thread:
         plain_job = (

@@ -88,66 +88,6 @@ def test_a_cell_with_generational_replacement_holds_its_trained_offspring() -> N
     assert len(cell.generators) == 2
 
 
-# ---- the neighbours' critics in the generator's loss ------------------------------------------------
-
-
-def _trained_generator(share: float, critic_of: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A cell's generator after one iteration's training with training.neighbour_critics = `share`
-    and one critic: a copy of its own opponent (`same`) or a neighbour's discriminator; and the
-    critic's weights after it."""
-    # One batch: the generator steps before its opponent does, so a copy of it still judges alike.
-    training = {"neighbour_critics": share, "mutation": {"probability": 0.0}, "batches_per_iteration": 1}
-    cfg = parse_config(tiny(training=training))
-    dataset = load_dataset(cfg.data, 0)
-    topology = Topology(2, 2)
-    cell = Cell(Coord(0, 0), topology, cfg, dataset, experiment="t")
-    neighbour = Cell(Coord(0, 1), topology, cfg, dataset, experiment="t")
-    neighbour.iterate({})  # a discriminator unlike the cell's own
-    chosen = cell.select({})
-    critic = chosen.discriminators[0].clone() if critic_of == "same" else neighbour.discriminators.best.clone()
-    before = {k: v.clone() for k, v in critic.network.state_dict().items()}
-    cell.training.run(chosen.generators, chosen.discriminators, cell.iteration, [critic])
-    after = critic.network.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)  # the critic is frozen
-    return {k: v.clone() for k, v in chosen.generators[0].network.state_dict().items()}, after
-
-
-def test_a_generator_takes_its_share_of_the_loss_from_a_neighbours_frozen_critic() -> None:
-    alone, _ = _trained_generator(0.0, "neighbour")
-    # A critic that judges as the opponent does leaves the loss, and so the step, as it was.
-    same, _ = _trained_generator(0.5, "same")
-    assert all(torch.allclose(alone[k], same[k], atol=1e-6) for k in alone)
-    # A neighbour's critic moves the generator elsewhere.
-    moved, _ = _trained_generator(0.5, "neighbour")
-    assert any(not torch.allclose(alone[k], moved[k], atol=1e-4) for k in alone)
-
-
-def test_a_cell_hands_its_neighbours_discriminators_to_its_generators_training() -> None:
-    cfg = parse_config(tiny(training={"neighbour_critics": 0.5}))
-    dataset = load_dataset(cfg.data, 0)
-    topology = Topology(2, 2)
-    cells = [Cell(c, topology, cfg, dataset, experiment="t") for c in topology.cells()]
-    snapshots = {c.coord: c.snapshot() for c in cells}
-    seen: list[list[str]] = []
-    cell = cells[0]
-    run = cell.training.run
-    cell.training.run = lambda g, d, i, critics=(): seen.append([c.origin for c in critics]) or run(g, d, i, critics)
-    cell.iterate({n: snapshots[n] for n in topology.neighbours(cell.coord)})
-    assert sorted(seen[0]) == sorted(str(n) for n in topology.neighbours(cell.coord))
-
-
-def test_neighbour_critics_are_for_perceptrons_trained_one_by_one() -> None:
-    from palomino.coevolution.tile import use_tile
-
-    with pytest.raises(ConfigError, match="neighbour_critics takes mlp"):
-        parse_config(tiny(training={"neighbour_critics": 0.2}, network={"name": "dcgan"}, data={"name": "mnist"}))
-    with pytest.raises(ConfigError, match="tiles: auto or off"):
-        parse_config(tiny(training={"neighbour_critics": 0.2}, tiles="on"))
-    cfg = parse_config(tiny(training={"neighbour_critics": 0.2}))
-    cell = Cell(Coord(0, 0), Topology(2, 2), cfg, load_dataset(cfg.data, 0), experiment="t")
-    assert not use_tile(cfg, [cell])
-
-
 # ---- the step size's decay ----------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from palomino.coevolution import Cell
 from palomino.config import parse_config
 from palomino.data import load_dataset
 from palomino.data.regions import kmeans, region_labels
-from palomino.errors import ConfigError, DatasetError
+from palomino.errors import DatasetError
 from palomino.grid import Coord, Topology
 
 
@@ -66,35 +66,3 @@ def test_an_empty_region_is_a_clear_error() -> None:
     three = dataclasses.replace(dataset, samples=dataset.samples[:3], labels=dataset.labels[:3])
     with pytest.raises(DatasetError, match="data_regions"):
         Cell(Coord(1, 1), Topology(2, 2), cfg, three, experiment="t")
-
-
-def test_region_overlap_adds_the_same_seeded_share_of_each_neighbours_region() -> None:
-    cfg = parse_config(tiny(grid={"rows": 3, "cols": 3}, training={"data_regions": True, "region_overlap": 0.25}))
-    dataset = load_dataset(cfg.data, 0)
-    topology = Topology(3, 3)
-    labels = region_labels(dataset, 9, cfg.seed).tolist()
-    alone = parse_config(tiny(grid={"rows": 3, "cols": 3}, training={"data_regions": True}))
-    index = {tuple(p): i for i, p in enumerate(dataset.samples.tolist())}  # the ring's points are distinct
-
-    def rows_of(cell: Cell) -> set[int]:
-        return {index[tuple(p)] for p in cell.data.samples.tolist()}
-
-    shared: dict[int, set[int]] = {}
-    for coord in topology.cells():
-        rows = rows_of(Cell(coord, topology, cfg, dataset, experiment="t"))
-        own = {i for i, region in enumerate(labels) if region == coord[0] * 3 + coord[1]}
-        assert rows_of(Cell(coord, topology, alone, dataset, experiment="t")) == own
-        neighbours = {other[0] * 3 + other[1] for other in topology.neighbours(coord)}
-        assert own <= rows and {labels[i] for i in rows - own} == neighbours  # its region, and theirs only
-        for region in neighbours:
-            theirs = {i for i in rows if labels[i] == region}
-            assert len(theirs) == round(0.25 * labels.count(region))
-            assert shared.setdefault(region, theirs) == theirs  # every neighbour takes the same share
-    # No neighbours, no overlap: each cell alone keeps its own region.
-    lonely = Topology(3, 3, "none")
-    assert len(Cell(Coord(1, 1), lonely, cfg, dataset, experiment="t").data) == labels.count(4)
-
-
-def test_region_overlap_without_regions_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="data_regions"):
-        parse_config(tiny(training={"region_overlap": 0.2}))

@@ -141,8 +141,7 @@ class Cell:
     def iterate(self, neighbours: Mapping[Coord, Snapshot]) -> IterationReport:
         """Run one iteration against the given neighbour snapshots (one per neighbour at most)."""
         selected = self.select(neighbours)
-        critics = selected.all_d[len(self.discriminators) :]  # the neighbours' (training.neighbour_critics)
-        steps = self._train(selected.generators, selected.discriminators, critics)
+        steps = self._train(selected.generators, selected.discriminators)
         return self.complete(selected, steps)
 
     def select(self, neighbours: Mapping[Coord, Snapshot]) -> Selected:
@@ -247,8 +246,8 @@ class Cell:
     ) -> list[torch.Tensor]:
         return generate([g.network for g in generators], z, labels)
 
-    def _train(self, new_g: list[Individual], new_d: list[Individual], critics: list[Individual]) -> Steps:
-        return self.training.run(new_g, new_d, self.iteration, critics)
+    def _train(self, new_g: list[Individual], new_d: list[Individual]) -> Steps:
+        return self.training.run(new_g, new_d, self.iteration)
 
     def _evolve_mixture(self, generators: list[Individual], coords: list[Coord]) -> None:
         mixture = self.config.training.mixture

@@ -9,7 +9,7 @@ import torch
 
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset, class_subset, diet
-from palomino.data.regions import region_labels
+from palomino.data.regions import region_labels, regions_subset
 from palomino.errors import DatasetError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid
@@ -27,7 +27,7 @@ def cell_dataset(
     if label is not None:
         dataset = class_subset(dataset, label)
     if config.training.data_regions and topology.size > 1:
-        dataset = own_region(dataset, config.seed, coord, topology, config.training.region_overlap)
+        dataset = own_region(dataset, config.seed, coord, topology)
     if config.training.data_diet < 1:  # data dieting: a share of its own, seeded by the coordinate
         share_seed = int(cell_seed(config.seed, coord).spawn(3)[2].generate_state(1)[0])
         dataset = diet(dataset, config.training.data_diet, share_seed)
@@ -42,36 +42,17 @@ def region_of(coord: Coord, topology: Topology | ClassGrid) -> int:
     return (coord[0] - first_row) * topology.cols + coord[1]
 
 
-def own_region(
-    dataset: Dataset, seed: int, coord: Coord, topology: Topology | ClassGrid, overlap: float = 0.0
-) -> Dataset:
+def own_region(dataset: Dataset, seed: int, coord: Coord, topology: Topology | ClassGrid) -> Dataset:
     """The samples of `coord`'s own region: one k-means cluster per cell, the same in every
-    process for a seed; cell (r, c) owns region r·cols + c of its grid. With `overlap`, also that
-    share of each neighbour's region (training.region_overlap)."""
+    process for a seed; cell (r, c) owns region r·cols + c of its grid."""
     labels = region_labels(dataset, topology.size, seed)
-    subset = dataset.rows(region_rows(labels, seed, coord, topology, overlap))
+    subset = regions_subset(dataset, labels, {region_of(coord, topology)})
     if len(subset) == 0:
         raise DatasetError(
             f"cell {Coord(*coord)}: its region of {dataset.name} holds no samples "
             f"({len(dataset)} samples in {topology.size} regions); use more data or training.data_regions: false"
         )
     return subset
-
-
-def region_rows(
-    labels: torch.Tensor, seed: int, coord: Coord, topology: Topology | ClassGrid, overlap: float = 0.0
-) -> torch.Tensor:
-    """Indices (ascending) of the samples `coord` trains on, given each sample's region: its own
-    region's and `overlap` of each neighbour's. A region's shared part is drawn from the seed and
-    the region alone, so every neighbour takes the same samples of it (and so does a re-run)."""
-    parts = [(labels == region_of(coord, topology)).nonzero().squeeze(1)]
-    if overlap > 0:
-        for other in topology.neighbours(coord):
-            region = region_of(other, topology)
-            theirs = (labels == region).nonzero().squeeze(1)
-            share = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, region]).generate_state(1)[0]))
-            parts.append(theirs[torch.randperm(len(theirs), generator=share)[: round(overlap * len(theirs))]])
-    return torch.cat(parts).sort().values
 
 
 class CellData:

@@ -30,9 +30,8 @@ CPU_TILE_PARAMETERS = 100_000
 
 def use_tile(config: ExperimentConfig, cells: Sequence[Cell]) -> bool:
     """Whether a process trains these cells as one tile: `tiles: on`, or `auto` where it pays —
-    every network on a GPU, small perceptrons on a CPU (convolutions are compute-bound there).
-    Never with training.neighbour_critics (its extra critic pass has no stacked form yet)."""
-    if config.tiles == "off" or not cells or config.training.neighbour_critics > 0:
+    every network on a GPU, small perceptrons on a CPU (convolutions are compute-bound there)."""
+    if config.tiles == "off" or not cells:
         return False
     if config.tiles == "on":
         return True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,16 +40,11 @@ class Training:
     def batches_per_iteration(self) -> int:
         return self.config.batches_per_iteration or max(1, len(self.data) // self.config.batch_size)
 
-    def run(
-        self, new_g: list[Individual], new_d: list[Individual], iteration: int, critics: Sequence[Individual] = ()
-    ) -> Steps:
+    def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int) -> Steps:
         """Each batch: every selected generator steps against a random selected discriminator,
         then every selected discriminator against a random selected generator (Lipizzaner's
         order and opponents: the sub-populations that selection drew from the neighbourhood,
         which adapt to each other, not the neighbours' frozen snapshots).
-
-        With training.neighbour_critics > 0, a generator's loss also takes that share from one of
-        `critics` (the neighbours' discriminators, frozen), drawn at random each step.
 
         Conditional networks: the generator's labels are drawn from the class priors; the
         discriminator sees the real batch with its labels and fakes made with the same labels."""
@@ -59,7 +54,6 @@ class Training:
         losses = {name: get_loss(name) for name in training.losses}
         steps = Steps()
         skip = training.discriminator_skip_each_nth_step
-        share = training.neighbour_critics
         for step in range(self.batches_per_iteration()):
             real, real_labels = self.data.next_batch(training.batch_size)
             loss_name = training.losses[int(self.rng.integers(len(training.losses)))]
@@ -69,8 +63,7 @@ class Training:
                 for ind in new_g:
                     self._mutate(ind, scale)
                     opponent = new_d[int(self.rng.integers(len(new_d)))]
-                    critic = critics[int(self.rng.integers(len(critics)))] if share > 0 and critics else None
-                    value = self._generator_loss(ind, opponent, losses[loss_name], real.shape[0], real_labels, critic)
+                    value = self._generator_loss(ind, opponent, losses[loss_name], real.shape[0], real_labels)
                     steps.generator.append(_step(ind, value, params[id(ind)], loss_name))
             if skip == 0 or step % (skip + 1) == 0:
                 for ind in new_d:
@@ -93,21 +86,12 @@ class Training:
         ind.set_learning_rate(rate, scale)
 
     def _generator_loss(
-        self,
-        ind: Individual,
-        opponent: Individual,
-        loss: GanLoss,
-        n: int,
-        real_labels: torch.Tensor | None,
-        critic: Individual | None = None,
+        self, ind: Individual, opponent: Individual, loss: GanLoss, n: int, real_labels: torch.Tensor | None
     ) -> torch.Tensor:
-        labels = None if real_labels is None else self.data.sampled_labels(n)
-        fake = apply(ind.network, self.noise(n), labels)
-        value = loss.generator(apply(opponent.network, fake, labels))
-        if critic is None:
-            return value
-        share = self.config.neighbour_critics
-        return (1 - share) * value + share * loss.generator(apply(critic.network, fake, labels))
+        if real_labels is None:
+            return loss.generator(opponent.network(ind.network(self.noise(n))))
+        labels = self.data.sampled_labels(n)
+        return loss.generator(opponent.network(ind.network(self.noise(n), labels), labels))
 
 
 def _step(ind: Individual, value: torch.Tensor, params: list[torch.Tensor], loss_name: str) -> torch.Tensor:

@@ -182,7 +182,7 @@ class DecayConfig(_Strict):
     final: float = Field(1.0, gt=0, le=1, description="the step size's multiplier in the last iteration")
 
 
-class TrainingConfig(_QuietNewKeys):
+class TrainingConfig(_Strict):
     iterations: int = Field(50, ge=1, le=10_000_000, description="iterations per cell")
     batch_size: int = Field(
         100,
@@ -234,22 +234,6 @@ class TrainingConfig(_QuietNewKeys):
         "in every process), so each generator has a few modes to learn; the whole-grid ensemble joins them "
         "(docs/engine.md)",
     )
-    region_overlap: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="with data_regions: each cell also trains on this share of each neighbour's region (a seeded "
-        "share, the same whichever cell takes it), so the neighbours' individuals know part of its data; 0 = its "
-        "own region only",
-    )
-    neighbour_critics: float = Field(
-        0.0,
-        ge=0,
-        lt=1,
-        description="share of a generator's loss given by a neighbour's discriminator (its newest snapshot, frozen; "
-        "one neighbour at random per step, so a step costs one more critic pass): the rest is its opponent's; "
-        "0 = its opponent's only. mlp networks, trained one by one",
-    )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     mutation: MutationConfig = Field(default_factory=MutationConfig)
@@ -274,14 +258,10 @@ class TrainingConfig(_QuietNewKeys):
                 raise ValueError(renamed_loss(name))
         return value
 
-    _quiet: ClassVar[tuple[str, ...]] = ("region_overlap", "neighbour_critics")
-
     @model_validator(mode="after")
     def _tournament_fits(self) -> TrainingConfig:
         if self.replacements > self.population_size:
             raise ValueError("training.replacements must be ≤ training.population_size")
-        if self.region_overlap > 0 and not self.data_regions:
-            raise ValueError("training.region_overlap shares neighbours' regions: set training.data_regions: true")
         return self
 
 
@@ -532,17 +512,6 @@ class ExperimentConfig(_Strict):
     def _tiles_word(cls, value: Any) -> Any:
         # YAML 1.1 reads a bare on/off as true/false: take them as the words they were.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-    @model_validator(mode="after")
-    def _neighbour_critics_fit(self) -> ExperimentConfig:
-        if self.training.neighbour_critics > 0 and self.network.name != "mlp":
-            raise ValueError(
-                f"training.neighbour_critics takes mlp networks (network.name is {self.network.name}): "
-                "a convolutional critic's BatchNorm would move in the copy the iteration re-evaluates with"
-            )
-        if self.training.neighbour_critics > 0 and self.tiles == "on":
-            raise ValueError("training.neighbour_critics trains cells one by one: use tiles: auto or off")
-        return self
 
     @model_validator(mode="after")
     def _labels_fit(self) -> ExperimentConfig:

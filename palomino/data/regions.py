@@ -51,3 +51,9 @@ def region_labels(dataset: Dataset, k: int, seed: int) -> torch.Tensor:
     fit = flat[torch.randperm(len(flat), generator=g)[:FIT_SAMPLES]]
     centroids = kmeans(fit, k, seed).float()
     return torch.cat([torch.cdist(chunk, centroids).argmin(1) for chunk in flat.split(4096)])
+
+
+def regions_subset(dataset: Dataset, labels: torch.Tensor, regions: set[int]) -> Dataset:
+    """The samples whose region is in `regions`."""
+    index = torch.isin(labels, torch.tensor(sorted(regions), dtype=labels.dtype)).nonzero().squeeze(1)
+    return dataset.rows(index)

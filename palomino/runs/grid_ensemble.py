@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from palomino.coevolution.cell_data import region_rows
+from palomino.coevolution.cell_data import region_of
 from palomino.coevolution.ensemble_search import (
     FINE_BANDWIDTH_FACTORS,
     Ensemble,
@@ -29,7 +29,7 @@ from palomino.coevolution.mixture_weights import BANDWIDTH_FACTORS, MixtureScore
 from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
-from palomino.data.regions import region_labels
+from palomino.data.regions import region_labels, regions_subset
 from palomino.grid import Topology, parse_coord
 from palomino.nn import apply
 from palomino.runs.filter_rule import FilterRule
@@ -147,19 +147,18 @@ def grid_ensemble(
 
 
 def own_real_samples(dataset: Dataset, config: ExperimentConfig, cells: list[str], limit: int) -> list[torch.Tensor]:
-    """Up to `limit` real samples of each cell's own data, as its critic saw it: with
-    training.data_regions its k-means region and its share of its neighbours' (cell_data.region_rows),
-    else all the data. A cell outside the configured grid (a resized run) is calibrated on all the data."""
+    """Up to `limit` real samples of each cell's own data, as its critic saw it: its k-means region
+    with training.data_regions (palomino.coevolution.cell_data.own_region's numbering), else all the
+    data. A cell outside the configured grid (a resized run) is calibrated on all the data."""
     pick = torch.Generator().manual_seed(config.seed + 13)
     if not config.training.data_regions or config.grid.rows * config.grid.cols < 2:
         return [dataset.samples[torch.randperm(len(dataset), generator=pick)[:limit]]] * len(cells)
-    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
+    topology = Topology(config.grid.rows, config.grid.cols)
     labels = region_labels(dataset, topology.size, config.seed)
-    overlap = config.training.region_overlap
     out = []
     for name in cells:
         coord = parse_coord(name)
-        own = dataset.rows(region_rows(labels, config.seed, coord, topology, overlap)) if coord in topology else None
+        own = regions_subset(dataset, labels, {region_of(coord, topology)}) if coord in topology else None
         if own is None or len(own) == 0:
             log.warning(
                 "cell %s has no region of the %d×%d grid: its critic is calibrated on all the data",
