@@ -6,6 +6,9 @@ trainer in metrics.jsonl), on the same data and seeds:
 - plain      one GAN with the grid's total steps: same networks, loss, Adam; no coevolution;
 - indep-best N independent GANs with S steps each, the one whose MMD² to the training data is lowest;
 - indep-mix  their equal-weight mixture.
+- grid-alone, grid-no-selection  with --ablations: the grid without communication (no neighbours)
+             and without selection (tournaments of one, generational replacement; where the grid
+             selects nothing already — one individual a cell, no migrants — its own run is the row).
 - indep-regions  with training.data_regions: N independent GANs, GAN i on exactly the data cell i
              trains on (its k-means region), mixed by their data's share: the grid's data split
              without coevolution, so the table tells what each of the two contributes.
@@ -46,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +290,7 @@ def evaluate_case(
     """Every method's Result for one case, seed and learning rate; `sweeping`: each also scored on
     the validation split (images: VALIDATION training images set aside; toys: other samples);
     `ablations`: the grid again without communication (grid.neighbourhood none: each cell alone,
-    the same policies), "grid-alone"; `baselines`: which of plain, indep (best and mix) and
+    the same policies), "grid-alone", and without selection, "grid-no-selection"; `baselines`: which of plain, indep (best and mix) and
     regions to train (all by default)."""
     case = CASES[name]
     config = load_config(
@@ -322,6 +325,16 @@ def evaluate_case(
         ablated.append(
             judged("grid-alone", steps, alone_seconds, lambda at: alone.sample(n, seed=at, data_space=False))
         )
+        if selects(config):
+            free_run, free_seconds = run_grid(without_selection(config), train, out / name / "no-selection")
+            free = Mixture.load(free_run.result_dir)
+            steps = sum(grid_steps(free_run)[:2])
+            ablated.append(
+                judged("grid-no-selection", steps, free_seconds, lambda at: free.sample(n, seed=at, data_space=False))
+            )
+        else:  # nothing to take away: the grid's own run is the row
+            print(f"{name} seed {seed} grid-no-selection: the grid's run (population 1, migration 0, generational)")
+            ablated.append(replace(grid, method="grid-no-selection"))
     if held_out is None:  # per-cell diversity: each cell's own generator, and their union
         per_cell = [
             mode_coverage(draw([own_generator(run, c)], np.ones(1), n, latent, seed + 200), train.modes, train.mode_std)
@@ -379,6 +392,26 @@ def evaluate_case(
             )
         )
     return results
+
+
+def without_selection(config: ExperimentConfig) -> ExperimentConfig:
+    """The grid without selection: tournaments of one (a random candidate, no fitness pressure) and
+    generational replacement (the trained offspring replace their parents whatever their fitness);
+    the neighbourhood, migration and every other policy as they are."""
+    training = config.training
+    selection = training.selection.model_copy(update={"replacement": "generational"})
+    return config.model_copy(
+        update={"training": training.model_copy(update={"tournament_size": 1, "selection": selection})}
+    )
+
+
+def selects(config: ExperimentConfig) -> bool:
+    """Whether fitness chooses anything in the grid: not under generational replacement with
+    tournaments of one, or with one candidate each (one individual a cell, no migrants: the regions
+    cases), where the grid already is its no-selection ablation."""
+    training = config.training
+    one_candidate = training.population_size == 1 and training.selection.migration == 0
+    return training.selection.replacement != "generational" or not (training.tournament_size == 1 or one_candidate)
 
 
 def sweep_case(
@@ -633,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         "--ablations",
         action="store_true",
         help="also the grid without communication (grid-alone: grid.neighbourhood=none, each cell alone with the "
-        "same policies); one more grid run per case, seed and rate",
+        "same policies) and without selection (grid-no-selection: tournaments of one, generational replacement); "
+        "up to two more grid runs per case, seed and rate",
     )
     parser.add_argument(
         "--baselines",

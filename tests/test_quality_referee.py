@@ -116,13 +116,18 @@ def test_the_referee_runs_a_short_sweep_with_the_ablation_end_to_end(quality: Mo
     args = ["ring-3x3", "--seeds", "0", "--rates", "1e-3", "2e-4", "--ablations", *short, "--out", str(tmp_path)]
     assert quality.main(args) == 0
     table = json.loads((tmp_path / "table.json").read_text())
-    methods = {"grid", "grid-alone", "plain", "indep-best", "indep-mix", "indep-regions"}
+    methods = {"grid", "grid-alone", "grid-no-selection", "plain", "indep-best", "indep-mix", "indep-regions"}
     assert {row["method"] for row in table["rows"]} == methods
     assert all(row["lr"][0] in (1e-3, 2e-4) and "hq" in row for row in table["rows"])
     swept = {(r["method"], r["rate"]) for r in table["sweep"]}
     assert swept == {(m, rate) for m in methods for rate in (1e-3, 2e-4)}
     assert all(set(r["validation"]) == {"modes", "hq"} for r in table["sweep"])
     assert (tmp_path / "table.png").stat().st_size > 0
+    # The ring selects nothing (one individual a cell, no migrants, generational): no-selection is the grid's run.
+    by_method = {(r["method"], r["rate"]): r for r in table["sweep"]}
+    for rate in (1e-3, 2e-4):
+        assert by_method[("grid-no-selection", rate)]["scores"] == by_method[("grid", rate)]["scores"]
+    assert not (tmp_path / "ring-3x3" / "no-selection").exists()
     # grid-alone: the same grid with no neighbours (its own run directory, a config that says so)
     alone = [yaml.safe_load(p.read_text()) for p in (tmp_path / "ring-3x3" / "alone").glob("*/config.yaml")]
     assert len(alone) == 2 and all(c["grid"]["neighbourhood"] == "none" for c in alone)  # one run per rate
@@ -159,3 +164,22 @@ def test_the_referee_trains_only_the_baselines_asked_for(quality: ModuleType, tm
     assert table["baselines"] == ["regions"]
     with pytest.raises(SystemExit):  # argparse names the choices
         quality.main(["ring-3x3", "--baselines", "everything"])
+
+
+def test_the_no_selection_ablation_takes_fitness_out_of_selection_and_replacement(quality: ModuleType) -> None:
+    from conftest import tiny
+
+    from palomino.config import parse_config
+
+    lipizzaner = parse_config(tiny(training={"population_size": 2, "tournament_size": 2}))
+    assert quality.selects(lipizzaner)
+    free = quality.without_selection(lipizzaner)
+    assert not quality.selects(free) and free.training.selection.migration == 1.0  # migrants come, at random
+    assert free.training.tournament_size == 1 and free.training.selection.replacement == "generational"
+    assert free.training.population_size == 2 and free.grid == lipizzaner.grid  # nothing else moves
+    regions = parse_config(
+        tiny(training={"data_regions": True, "selection": {"migration": 0.0, "replacement": "generational"}})
+    )
+    assert not quality.selects(regions)  # one individual, no migrants, generational: nothing to remove
+    elitist = parse_config(tiny(training={"selection": {"migration": 0.0}}))
+    assert quality.selects(elitist)  # the parent survives when fitter than its offspring
