@@ -32,6 +32,7 @@ rate each seed chose; table.json keeps every rate's results under "sweep".
     python benchmarks/quality.py --out bench/quality      # table.json, table.png and the runs there
     python benchmarks/quality.py ring-3x3 --seeds 0 1 2 --rates 1e-4 2e-4 5e-4 1e-3   # tuned
     python benchmarks/quality.py mnist-3x3 --seeds 0 --ablations --baselines regions  # grid variants only
+    python benchmarks/quality.py mnist-3x3 --seeds 0 --extractor lipizzaner  # FID on Lipizzaner's MNIST CNN
 
 Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
 steps in sequence on one; on the other the N independent GANs as one stack (palomino.baselines:
@@ -174,6 +175,7 @@ class Referee:
         held_out: Dataset | None,
         out: Path,
         validation: Dataset | None = None,
+        extractor: str = "classifier",
     ) -> None:
         self.config, self.train, self.held_out = config, train, held_out
         self.extractor = None
@@ -181,9 +183,10 @@ class Referee:
             from palomino.scoring.classifier import save_classifier, train_classifier
             from palomino.scoring.extractors import ClassifierExtractor
 
-            path = out / f"classifier-{config.data.name}.safetensors"
+            arch = "lipizzaner" if extractor == "lipizzaner" else "cnn"
+            path = out / f"classifier-{config.data.name}{'-lipizzaner' if arch == 'lipizzaner' else ''}.safetensors"
             if not path.exists():  # trained on the same 8,000 / 2,000 split the GANs use
-                save_classifier(train_classifier(config.data, holdout=IMAGE_SAMPLES), path)
+                save_classifier(train_classifier(config.data, holdout=IMAGE_SAMPLES, arch=arch), path)
             self.classifier = path
             self.extractor = ClassifierExtractor(path)
             self.real = self.extractor.extract(((held_out.samples + 1) / 2).clamp(0, 1))
@@ -277,27 +280,32 @@ def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
     return mixture.generators[mixture.components.index(cell)]
 
 
+@dataclass(frozen=True)
+class Options:
+    """How every case is run: the device; `ablations`: the grid again without communication
+    (grid.neighbourhood none: each cell alone, the same policies), "grid-alone", and without
+    selection, "grid-no-selection"; which baselines to train (plain, indep: best and mix,
+    regions); the network whose features score images (classifier: Palomino's CNN; lipizzaner:
+    Lipizzaner's MNIST CNN, for FIDs beside its published ones)."""
+
+    device: str = "cpu"
+    ablations: bool = False
+    baselines: tuple[str, ...] = BASELINES
+    extractor: str = "classifier"
+
+
 def evaluate_case(
-    name: str,
-    seed: int,
-    overrides: list[str],
-    out: Path,
-    device: str = "cpu",
-    sweeping: bool = False,
-    ablations: bool = False,
-    baselines: tuple[str, ...] = BASELINES,
+    name: str, seed: int, overrides: list[str], out: Path, options: Options = Options(), sweeping: bool = False
 ) -> list[Result]:
     """Every method's Result for one case, seed and learning rate; `sweeping`: each also scored on
-    the validation split (images: VALIDATION training images set aside; toys: other samples);
-    `ablations`: the grid again without communication (grid.neighbourhood none: each cell alone,
-    the same policies), "grid-alone", and without selection, "grid-no-selection"; `baselines`: which of plain, indep (best and mix) and
-    regions to train (all by default)."""
+    the validation split (images: VALIDATION training images set aside; toys: other samples)."""
+    device, ablations, baselines = options.device, options.ablations, options.baselines
     case = CASES[name]
     config = load_config(
         ROOT / "examples" / f"{case.example}.yaml", [*case.overrides, *overrides, f"seed={seed}", f"device={device}"]
     )
     train, held_out, validation = split_data(config, seed, VALIDATION if sweeping else 0)
-    referee = Referee(config, train, held_out, out, validation)
+    referee = Referee(config, train, held_out, out, validation, options.extractor)
     latent, n = config.network.latent_dim, referee.sample_count()
     rate = config.training.learning_rate if sweeping else None
 
@@ -415,14 +423,7 @@ def selects(config: ExperimentConfig) -> bool:
 
 
 def sweep_case(
-    name: str,
-    seed: int,
-    overrides: list[str],
-    out: Path,
-    device: str,
-    rates: list[float],
-    ablations: bool = False,
-    baselines: tuple[str, ...] = BASELINES,
+    name: str, seed: int, overrides: list[str], out: Path, rates: list[float], options: Options = Options()
 ) -> tuple[list[Result], list[Result]]:
     """(each method at the rate its validation scores liked best, every rate's results): every
     method, the grid included, runs at each rate with its own budget; the pick never looks at the
@@ -430,16 +431,7 @@ def sweep_case(
     every = [
         r
         for rate in rates
-        for r in evaluate_case(
-            name,
-            seed,
-            [*overrides, f"training.learning_rate={rate}"],
-            out,
-            device,
-            sweeping=True,
-            ablations=ablations,
-            baselines=baselines,
-        )
+        for r in evaluate_case(name, seed, [*overrides, f"training.learning_rate={rate}"], out, options, sweeping=True)
     ]
     return pick(every), every
 
@@ -677,12 +669,20 @@ def main(argv: list[str] | None = None) -> int:
         help="which baselines to train (default all): plain, indep (indep-best and indep-mix), regions "
         "(indep-regions); fewer when comparing variants of the grid",
     )
+    parser.add_argument(
+        "--extractor",
+        choices=("classifier", "lipizzaner"),
+        default="classifier",
+        help="the features images are scored on (and the grid's ensemble chosen on): classifier (Palomino's CNN) or "
+        "lipizzaner (Lipizzaner's MNIST CNN, for FIDs beside its published ones); trained once into --out",
+    )
     args = parser.parse_args(argv)
     cases = args.cases or (["ring-3x3"] if args.quick else ["ring-3x3", "grid-4x4"])
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"unknown case {unknown[0]}; choose from {', '.join(CASES)}")
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4])
+    options = Options(args.device, args.ablations, tuple(args.baselines), args.extractor)
     with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
@@ -692,22 +692,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
             for seed in seeds:
                 if args.rates:
-                    chosen, every = sweep_case(
-                        name, seed, overrides, out, args.device, args.rates, args.ablations, tuple(args.baselines)
-                    )
+                    chosen, every = sweep_case(name, seed, overrides, out, args.rates, options)
                     swept.extend(every)
                     for r in every:
                         report(r, "validation " + shown(r.validation) + "; ")
                 else:
-                    chosen = evaluate_case(
-                        name,
-                        seed,
-                        overrides,
-                        out,
-                        args.device,
-                        ablations=args.ablations,
-                        baselines=tuple(args.baselines),
-                    )
+                    chosen = evaluate_case(name, seed, overrides, out, options)
                 for r in chosen:
                     results.append(r)
                     report(r, "chosen: " if args.rates else "")
@@ -722,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
                     "quick": args.quick,
                     "rates": args.rates,
                     "baselines": args.baselines,
+                    "extractor": args.extractor,
                     "rows": rows,
                     "sweep": [asdict(r) for r in swept],
                 },

@@ -4,6 +4,7 @@ and its JSON rows show it, a row below 0.9 marked as memorizing."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -183,3 +184,30 @@ def test_the_no_selection_ablation_takes_fitness_out_of_selection_and_replacemen
     assert not quality.selects(regions)  # one individual, no migrants, generational: nothing to remove
     elitist = parse_config(tiny(training={"selection": {"migration": 0.0}}))
     assert quality.selects(elitist)  # the parent survives when fitter than its offspring
+
+
+def test_the_referee_scores_on_lipizzaners_cnn_when_asked(
+    quality: ModuleType, mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from palomino.scoring.classifier import load_classifier
+
+    monkeypatch.setattr(quality, "MNIST_DIR", mnist_dir)
+    import palomino.scoring.classifier as classifier
+
+    # This checks the plumbing: a small held-out split, and a classifier of one epoch on 1,000 images.
+    monkeypatch.setattr(quality, "IMAGE_SAMPLES", 200)
+    quick = functools.partial(classifier.train_classifier, epochs=1, train_size=1000, test_size=200)
+    monkeypatch.setattr(classifier, "train_classifier", quick)
+    short = [
+        f"--set={change}"
+        for change in ("training.iterations=1", "training.batches_per_iteration=2", "training.fitness.sample_size=64")
+    ]
+    args = ["mnist-1x1", "--seeds", "0", "--baselines", "--extractor", "lipizzaner", *short, "--out", str(tmp_path)]
+    assert quality.main(args) == 0
+    trained = load_classifier(tmp_path / "classifier-mnist-lipizzaner.safetensors")
+    assert trained.arch == "lipizzaner" and not (tmp_path / "classifier-mnist.safetensors").exists()
+    import json
+
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert table["extractor"] == "lipizzaner" and [r["method"] for r in table["rows"]] == ["grid"]
+    assert table["rows"][0]["fid"]["mean"] > 0
