@@ -98,22 +98,17 @@ def test_a_sweep_shows_each_method_at_the_rate_its_validation_split_chose(qualit
     assert rows[1]["lr"] == [2e-4] and "lr 0.0002" in quality.format_table(rows)
 
 
+def short_ring(*changes: str) -> list[str]:
+    """--set arguments for a short 2×2 run of the ring case; no discriminator filter (rejection
+    sampling from untrained GANs draws for half a minute), which the case otherwise samples through."""
+    base = ("grid.rows=2", "grid.cols=2", "training.batches_per_iteration=2", "training.fitness.sample_size=64")
+    return [f"--set={change}" for change in (*base, "training.ensemble.critic_quantile=0", *changes)]
+
+
 def test_the_referee_runs_a_short_sweep_with_the_ablation_end_to_end(quality: ModuleType, tmp_path: Path) -> None:
     import json
 
-    # A short 2×2 run of the ring case; no discriminator filter (rejection sampling from untrained
-    # GANs draws for half a minute), which the case otherwise samples through.
-    short = [
-        f"--set={change}"
-        for change in (
-            "grid.rows=2",
-            "grid.cols=2",
-            "training.iterations=2",
-            "training.batches_per_iteration=2",
-            "training.fitness.sample_size=64",
-            "training.ensemble.critic_quantile=0",
-        )
-    ]
+    short = short_ring("training.iterations=2")
     args = ["ring-3x3", "--seeds", "0", "--rates", "1e-3", "2e-4", "--ablations", *short, "--out", str(tmp_path)]
     assert quality.main(args) == 0
     table = json.loads((tmp_path / "table.json").read_text())
@@ -148,17 +143,7 @@ def test_the_fashion_case_trains_on_its_data_size(quality: ModuleType, fashion_m
 def test_the_referee_trains_only_the_baselines_asked_for(quality: ModuleType, tmp_path: Path) -> None:
     import json
 
-    short = [
-        f"--set={change}"
-        for change in (
-            "grid.rows=2",
-            "grid.cols=2",
-            "training.iterations=1",
-            "training.batches_per_iteration=2",
-            "training.fitness.sample_size=64",
-            "training.ensemble.critic_quantile=0",
-        )
-    ]
+    short = short_ring("training.iterations=1")
     assert quality.main(["ring-3x3", "--seeds", "0", "--baselines", "regions", *short, "--out", str(tmp_path)]) == 0
     table = json.loads((tmp_path / "table.json").read_text())
     assert [row["method"] for row in table["rows"]] == ["grid", "indep-regions"]
