@@ -184,7 +184,7 @@ class Referee:
             from palomino.scoring.extractors import ClassifierExtractor
 
             arch = "lipizzaner" if extractor == "lipizzaner" else "cnn"
-            path = out / f"classifier-{config.data.name}{'-lipizzaner' if arch == 'lipizzaner' else ''}.safetensors"
+            path = out / f"classifier-{config.data.name}{'' if arch == 'cnn' else '-' + arch}.safetensors"
             if not path.exists():  # trained on the same 8,000 / 2,000 split the GANs use
                 save_classifier(train_classifier(config.data, holdout=IMAGE_SAMPLES, arch=arch), path)
             self.classifier = path
@@ -325,23 +325,22 @@ def evaluate_case(
     result = Mixture.load(run.result_dir)
     grid = judged("grid", g + d, grid_seconds, lambda at: result.sample(n, seed=at, data_space=False))
     ablated = []
+
+    def variant(method: str, changed: ExperimentConfig, folder: str) -> Result:
+        """The grid once more with `changed`, in its own run directory, scored as the grid is."""
+        variant_run, seconds = run_grid(changed, train, out / name / folder)
+        mixture = Mixture.load(variant_run.result_dir)
+        return judged(
+            method, sum(grid_steps(variant_run)[:2]), seconds, lambda at: mixture.sample(n, seed=at, data_space=False)
+        )
+
     if ablations:
         alone_config = config.model_copy(update={"grid": config.grid.model_copy(update={"neighbourhood": "none"})})
-        alone_run, alone_seconds = run_grid(alone_config, train, out / name / "alone")
-        alone = Mixture.load(alone_run.result_dir)
-        steps = sum(grid_steps(alone_run)[:2])
-        ablated.append(
-            judged("grid-alone", steps, alone_seconds, lambda at: alone.sample(n, seed=at, data_space=False))
-        )
+        ablated.append(variant("grid-alone", alone_config, "alone"))
         if selects(config):
-            free_run, free_seconds = run_grid(without_selection(config), train, out / name / "no-selection")
-            free = Mixture.load(free_run.result_dir)
-            steps = sum(grid_steps(free_run)[:2])
-            ablated.append(
-                judged("grid-no-selection", steps, free_seconds, lambda at: free.sample(n, seed=at, data_space=False))
-            )
+            ablated.append(variant("grid-no-selection", without_selection(config), "no-selection"))
         else:  # nothing to take away: the grid's own run is the row
-            print(f"{name} seed {seed} grid-no-selection: the grid's run (population 1, migration 0, generational)")
+            print(f"{name} seed {seed} grid-no-selection: the grid's own run (its settings select nothing)")
             ablated.append(replace(grid, method="grid-no-selection"))
     if held_out is None:  # per-cell diversity: each cell's own generator, and their union
         per_cell = [

@@ -174,11 +174,11 @@ def test_the_no_selection_ablation_takes_fitness_out_of_selection_and_replacemen
 def test_the_referee_scores_on_lipizzaners_cnn_when_asked(
     quality: ModuleType, mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from palomino.scoring.classifier import load_classifier
+    import json
 
-    monkeypatch.setattr(quality, "MNIST_DIR", mnist_dir)
     import palomino.scoring.classifier as classifier
 
+    monkeypatch.setattr(quality, "MNIST_DIR", mnist_dir)
     # This checks the plumbing: a small held-out split, and a classifier of one epoch on 1,000 images.
     monkeypatch.setattr(quality, "IMAGE_SAMPLES", 200)
     quick = functools.partial(classifier.train_classifier, epochs=1, train_size=1000, test_size=200)
@@ -189,10 +189,8 @@ def test_the_referee_scores_on_lipizzaners_cnn_when_asked(
     ]
     args = ["mnist-1x1", "--seeds", "0", "--baselines", "--extractor", "lipizzaner", *short, "--out", str(tmp_path)]
     assert quality.main(args) == 0
-    trained = load_classifier(tmp_path / "classifier-mnist-lipizzaner.safetensors")
+    trained = classifier.load_classifier(tmp_path / "classifier-mnist-lipizzaner.safetensors")
     assert trained.arch == "lipizzaner" and not (tmp_path / "classifier-mnist.safetensors").exists()
-    import json
-
     table = json.loads((tmp_path / "table.json").read_text())
     assert table["extractor"] == "lipizzaner" and [r["method"] for r in table["rows"]] == ["grid"]
     assert table["rows"][0]["fid"]["mean"] > 0
