@@ -76,6 +76,7 @@ MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
 SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
 IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
 BASELINES = ("plain", "indep", "regions")  # --baselines: the rows beside the grid's
+THREADS = 2  # torch threads of the grid's runs (the 2-core reference machine's cores)
 VALIDATION = 1000  # images set aside from the training split when --rates sweeps learning rates
 
 
@@ -105,7 +106,7 @@ CASES: dict[str, Case] = {
         f"mnist-{n}x{n}": Case(
             "mnist-regions-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
         )
-        for n in (1, 2, 3, 4)
+        for n in (1, 2, 3, 4, 5)
     },
     "fashion-3x3": Case(
         "mnist-regions-3x3",
@@ -257,7 +258,7 @@ def train_baselines(
 
 
 def run_grid(config: ExperimentConfig, train: Dataset, out: Path) -> tuple[RunDirectory, float]:
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     run = RunDirectory.create(out, config)
     start = time.perf_counter()
     features = ensemble_features(config, train.kind, config.device)
@@ -356,7 +357,8 @@ def evaluate_case(
 
     # The plain GAN takes the grid's total steps in sequence on one thread; meanwhile the N
     # independent GANs (and those on the regions) train on the other, each set as one stack.
-    torch.set_num_threads(1)
+    # Without the plain GAN they have all of the grid's threads.
+    torch.set_num_threads(1 if "plain" in baselines else THREADS)
     per = Budget(g // cells, d // cells)
     with ThreadPoolExecutor(1) as thread:
         plain_job = (
@@ -447,10 +449,13 @@ def regions_baseline(
     seed: int, config: ExperimentConfig, train: Dataset, per: Budget, device: str
 ) -> tuple[tuple[list[torch.nn.Module], list[torch.nn.Module]], list[Dataset], float]:
     """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits
-    it): ((generators, discriminators), their data, seconds)."""
+    it): ((generators, discriminators), their data, seconds). Independent GANs have no neighbours,
+    so training.region_layout places nothing: the index layout gives every layout one baseline."""
     from palomino.coevolution.cell_data import cell_dataset
     from palomino.grid import Topology
 
+    training = config.training.model_copy(update={"region_layout": "index"})
+    config = config.model_copy(update={"training": training})
     topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
     parts = [cell_dataset(train, config, coord, topology, None) for coord in topology.cells()]
     nets, critics, seconds = train_baselines(config, parts, per, [seed + 3000 + i for i in range(len(parts))], device)
