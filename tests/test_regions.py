@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import pytest
 import torch
 from conftest import tiny
 
 from palomino.coevolution import Cell
-from palomino.coevolution.cell_data import grid_regions
 from palomino.config import parse_config
 from palomino.data import load_dataset
-from palomino.data.regions import arrange, kmeans, region_labels
+from palomino.data.regions import kmeans, region_labels
 from palomino.errors import DatasetError
 from palomino.grid import Coord, Topology
 
@@ -68,35 +66,3 @@ def test_an_empty_region_is_a_clear_error() -> None:
     three = dataclasses.replace(dataset, samples=dataset.samples[:3], labels=dataset.labels[:3])
     with pytest.raises(DatasetError, match="data_regions"):
         Cell(Coord(1, 1), Topology(2, 2), cfg, three, experiment="t")
-
-
-def test_arrange_puts_near_clusters_on_paired_places() -> None:
-    # Six points on a line, found in a shuffled order; places paired as a path 0–1–…–5.
-    centroids = torch.tensor([[0.0], [4.0], [1.0], [5.0], [2.0], [3.0]])
-    path = [(i, i + 1) for i in range(5)]
-    place = arrange(centroids, path)
-    assert sorted(place) == list(range(6))  # a permutation: every cluster placed once
-    along = [float(centroids[c]) for c in place]
-    cost = sum(abs(a - b) for a, b in itertools.pairwise(along))
-    assert cost < 15 and cost == pytest.approx(5.0)  # the identity's 15; the sorted path's 5
-    assert arrange(centroids, []) == list(range(6))  # nothing to pair: as k-means found them
-
-
-def test_the_similar_layout_gives_ring_neighbours_adjacent_modes() -> None:
-    # Eight Gaussians on a ring, one region each, on a 1×8 torus: with region_layout similar each
-    # cell's two neighbours own the two modes next to its own, and the regions are the same sets.
-    dataset = None
-    by_layout = {}
-    for layout in ("index", "similar"):
-        cfg = parse_config(tiny(grid={"rows": 1, "cols": 8}, training={"data_regions": True, "region_layout": layout}))
-        dataset = load_dataset(cfg.data, 0)
-        by_layout[layout] = grid_regions(dataset, cfg, Topology(1, 8))
-    assert dataset is not None
-    index, similar = by_layout["index"], by_layout["similar"]
-    assert {frozenset((index == r).nonzero().squeeze(1).tolist()) for r in range(8)} == {
-        frozenset((similar == r).nonzero().squeeze(1).tolist()) for r in range(8)
-    }
-    mode_of = [int(torch.mode(dataset.labels[similar == r]).values) for r in range(8)]  # modes numbered round the ring
-    for cell in range(8):
-        apart = (mode_of[(cell + 1) % 8] - mode_of[cell]) % 8
-        assert apart in (1, 7), mode_of

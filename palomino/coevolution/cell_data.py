@@ -27,7 +27,7 @@ def cell_dataset(
     if label is not None:
         dataset = class_subset(dataset, label)
     if config.training.data_regions and topology.size > 1:
-        dataset = own_region(dataset, config, coord, topology)
+        dataset = own_region(dataset, config.seed, coord, topology)
     if config.training.data_diet < 1:  # data dieting: a share of its own, seeded by the coordinate
         share_seed = int(cell_seed(config.seed, coord).spawn(3)[2].generate_state(1)[0])
         dataset = diet(dataset, config.training.data_diet, share_seed)
@@ -42,21 +42,10 @@ def region_of(coord: Coord, topology: Topology | ClassGrid) -> int:
     return (coord[0] - first_row) * topology.cols + coord[1]
 
 
-def grid_regions(dataset: Dataset, config: ExperimentConfig, topology: Topology | ClassGrid) -> torch.Tensor:
-    """Each sample's region of `topology`'s grid (region_of numbers the cells), the same in every
-    process for a seed; with training.region_layout similar, neighbouring cells' regions lie close."""
-    pairs: set[tuple[int, int]] = set()
-    if config.training.region_layout == "similar":
-        for coord in topology.cells():
-            pairs |= {
-                tuple(sorted((region_of(coord, topology), region_of(n, topology)))) for n in topology.neighbours(coord)
-            }
-    return region_labels(dataset, topology.size, config.seed, sorted(pairs))
-
-
-def own_region(dataset: Dataset, config: ExperimentConfig, coord: Coord, topology: Topology | ClassGrid) -> Dataset:
-    """The samples of `coord`'s own region: one k-means cluster per cell (grid_regions)."""
-    labels = grid_regions(dataset, config, topology)
+def own_region(dataset: Dataset, seed: int, coord: Coord, topology: Topology | ClassGrid) -> Dataset:
+    """The samples of `coord`'s own region: one k-means cluster per cell, the same in every
+    process for a seed; cell (r, c) owns region r·cols + c of its grid."""
+    labels = region_labels(dataset, topology.size, seed)
     subset = regions_subset(dataset, labels, {region_of(coord, topology)})
     if len(subset) == 0:
         raise DatasetError(

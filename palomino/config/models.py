@@ -234,12 +234,6 @@ class TrainingConfig(_Strict):
         "in every process), so each generator has a few modes to learn; the whole-grid ensemble joins them "
         "(docs/engine.md)",
     )
-    region_layout: Literal["index", "similar"] = Field(
-        "index",
-        description="with data_regions, which cell owns which region: index (cell (r, c) the (r·cols + c)-th cluster "
-        "k-means found) or similar (neighbouring cells own regions with near centroids, so a neighbour's "
-        "individual is a specialist of nearby data)",
-    )
     fitness: FitnessConfig = Field(default_factory=FitnessConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     mutation: MutationConfig = Field(default_factory=MutationConfig)

@@ -9,8 +9,6 @@ image for these few lines.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from palomino.data.dataset import Dataset
@@ -46,49 +44,13 @@ def kmeans(points: torch.Tensor, k: int, seed: int, rounds: int = ROUNDS) -> tor
     return centroids
 
 
-def region_labels(dataset: Dataset, k: int, seed: int, pairs: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
-    """Each sample's region (0 … k−1): its nearest of k centroids fitted on a seeded subset.
-    `pairs`: regions that should lie close (neighbouring cells'); the clusters are numbered by
-    `arrange` so that they do. Without, in the order k-means found them."""
+def region_labels(dataset: Dataset, k: int, seed: int) -> torch.Tensor:
+    """Each sample's region (0 … k−1): its nearest of k centroids fitted on a seeded subset."""
     flat = dataset.samples.reshape(len(dataset), -1).float()
     g = torch.Generator().manual_seed(seed)
     fit = flat[torch.randperm(len(flat), generator=g)[:FIT_SAMPLES]]
     centroids = kmeans(fit, k, seed).float()
-    nearest = torch.cat([torch.cdist(chunk, centroids).argmin(1) for chunk in flat.split(4096)])
-    if not pairs:
-        return nearest
-    number = torch.empty(k, dtype=torch.long)
-    number[arrange(centroids, pairs)] = torch.arange(k)  # cluster arrange(…)[i] becomes region i
-    return number[nearest]
-
-
-def arrange(centroids: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> list[int]:
-    """Which cluster each of k places takes, so that the `pairs` of places hold near clusters: the
-    summed centroid distance over the pairs, lowered by swapping two places' clusters while any
-    swap lowers it (a local optimum of this quadratic assignment; deterministic, from the identity)."""
-    k = len(centroids)
-    distance = torch.cdist(centroids.double(), centroids.double()).tolist()
-    linked: list[list[int]] = [[] for _ in range(k)]
-    for a, b in pairs:
-        if a != b:
-            linked[a].append(b)
-            linked[b].append(a)
-    place = list(range(k))  # place i holds cluster place[i]
-
-    def cost_at(i: int, cluster: int, skip: int) -> float:
-        return sum(distance[cluster][place[j]] for j in linked[i] if j != skip)
-
-    improved = True
-    while improved:
-        improved = False
-        for i in range(k):
-            for j in range(i + 1, k):
-                before = cost_at(i, place[i], j) + cost_at(j, place[j], i)
-                after = cost_at(i, place[j], j) + cost_at(j, place[i], i)
-                if after < before - 1e-9:
-                    place[i], place[j] = place[j], place[i]
-                    improved = True
-    return place
+    return torch.cat([torch.cdist(chunk, centroids).argmin(1) for chunk in flat.split(4096)])
 
 
 def regions_subset(dataset: Dataset, labels: torch.Tensor, regions: set[int]) -> Dataset:

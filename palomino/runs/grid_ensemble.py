@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from palomino.coevolution.cell_data import grid_regions, region_of
+from palomino.coevolution.cell_data import region_of
 from palomino.coevolution.ensemble_search import (
     FINE_BANDWIDTH_FACTORS,
     Ensemble,
@@ -29,7 +29,7 @@ from palomino.coevolution.mixture_weights import BANDWIDTH_FACTORS, MixtureScore
 from palomino.coevolution.rejection import CriticFilter
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
-from palomino.data.regions import regions_subset
+from palomino.data.regions import region_labels, regions_subset
 from palomino.grid import Topology, parse_coord
 from palomino.nn import apply
 from palomino.runs.filter_rule import FilterRule
@@ -153,8 +153,8 @@ def own_real_samples(dataset: Dataset, config: ExperimentConfig, cells: list[str
     pick = torch.Generator().manual_seed(config.seed + 13)
     if not config.training.data_regions or config.grid.rows * config.grid.cols < 2:
         return [dataset.samples[torch.randperm(len(dataset), generator=pick)[:limit]]] * len(cells)
-    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
-    labels = grid_regions(dataset, config, topology)
+    topology = Topology(config.grid.rows, config.grid.cols)
+    labels = region_labels(dataset, topology.size, config.seed)
     out = []
     for name in cells:
         coord = parse_coord(name)
