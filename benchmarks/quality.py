@@ -449,13 +449,10 @@ def regions_baseline(
     seed: int, config: ExperimentConfig, train: Dataset, per: Budget, device: str
 ) -> tuple[tuple[list[torch.nn.Module], list[torch.nn.Module]], list[Dataset], float]:
     """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits
-    it): ((generators, discriminators), their data, seconds). Independent GANs have no neighbours,
-    so training.region_layout places nothing: the index layout gives every layout one baseline."""
+    it): ((generators, discriminators), their data, seconds)."""
     from palomino.coevolution.cell_data import cell_dataset
     from palomino.grid import Topology
 
-    training = config.training.model_copy(update={"region_layout": "index"})
-    config = config.model_copy(update={"training": training})
     topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
     parts = [cell_dataset(train, config, coord, topology, None) for coord in topology.cells()]
     nets, critics, seconds = train_baselines(config, parts, per, [seed + 3000 + i for i in range(len(parts))], device)
