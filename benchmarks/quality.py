@@ -12,6 +12,8 @@ trainer in metrics.jsonl), on the same data and seeds:
 - indep-regions  with training.data_regions: N independent GANs, GAN i on exactly the data cell i
              trains on (its k-means region), mixed by their data's share: the grid's data split
              without coevolution, so the table tells what each of the two contributes.
+- indep-regions-search  the same GANs mixed by the weights the grid's result search finds for its
+             own generators (where the case's ensemble scope is grid): the search without coevolution.
 Toys: modes covered and high-quality share (HQ) of 2,500 samples, and per-cell diversity (modes
 covered by each cell's own generator, their union). Images: FID with the classifier extractor and
 TVD of its predicted class histogram, against held-out real images the GANs never saw, and beside
@@ -36,7 +38,8 @@ rate each seed chose; table.json keeps every rate's results under "sweep".
 
 Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
 steps in sequence on one; on the other the N independent GANs as one stack (palomino.baselines:
-every step one batched update for all of them), then those on the regions. `--device cuda` trains
+every step one batched update for all of them), then those on the regions; without the plain GAN
+the stacks have both. `--device cuda` trains
 the grid and the baselines on a GPU; samples are scored on the CPU.
 """
 
@@ -400,7 +403,33 @@ def evaluate_case(
                 lambda at: baseline.sample(*trained, shares / shares.sum(), own_data=parts, at=at),
             )
         )
+        if config.training.ensemble.scope == "grid":
+            start = time.perf_counter()
+            weights = searched_weights(config, train, *trained)
+            seconds = region_seconds + time.perf_counter() - start
+            results.append(
+                judged(
+                    "indep-regions-search",
+                    steps,
+                    seconds,
+                    lambda at: baseline.sample(*trained, weights, own_data=parts, at=at),
+                )
+            )
     return results
+
+
+def searched_weights(
+    config: ExperimentConfig, train: Dataset, generators: list[torch.nn.Module], critics: list[torch.nn.Module]
+) -> np.ndarray:
+    """Mixture weights for independent GANs on the regions found as the grid's result finds its
+    own (palomino.runs.grid_ensemble: forward selection, then a (1+1)-ES, on the same score and
+    features): what the grid's lead over data-share weights owes to that search."""
+    from palomino.grid import Topology
+    from palomino.runs.grid_ensemble import grid_ensemble
+
+    cells = [str(c) for c in Topology(config.grid.rows, config.grid.cols).cells()]
+    features = ensemble_features(config, train.kind, "cpu")
+    return grid_ensemble(generators, cells, train, config, "cpu", critics, features=features).ensemble.weights
 
 
 def without_selection(config: ExperimentConfig) -> ExperimentConfig:

@@ -113,6 +113,7 @@ def test_the_referee_runs_a_short_sweep_with_the_ablation_end_to_end(quality: Mo
     assert quality.main(args) == 0
     table = json.loads((tmp_path / "table.json").read_text())
     methods = {"grid", "grid-alone", "grid-no-selection", "plain", "indep-best", "indep-mix", "indep-regions"}
+    methods |= {"indep-regions-search"}
     assert {row["method"] for row in table["rows"]} == methods
     assert all(row["lr"][0] in (1e-3, 2e-4) and "hq" in row for row in table["rows"])
     swept = {(r["method"], r["rate"]) for r in table["sweep"]}
@@ -146,7 +147,7 @@ def test_the_referee_trains_only_the_baselines_asked_for(quality: ModuleType, tm
     short = short_ring("training.iterations=1")
     assert quality.main(["ring-3x3", "--seeds", "0", "--baselines", "regions", *short, "--out", str(tmp_path)]) == 0
     table = json.loads((tmp_path / "table.json").read_text())
-    assert [row["method"] for row in table["rows"]] == ["grid", "indep-regions"]
+    assert [row["method"] for row in table["rows"]] == ["grid", "indep-regions", "indep-regions-search"]
     assert table["baselines"] == ["regions"]
     with pytest.raises(SystemExit):  # argparse names the choices
         quality.main(["ring-3x3", "--baselines", "everything"])
