@@ -12,8 +12,9 @@ trainer in metrics.jsonl), on the same data and seeds:
 - indep-regions  with training.data_regions: N independent GANs, GAN i on exactly the data cell i
              trains on (its k-means region), mixed by their data's share: the grid's data split
              without coevolution, so the table tells what each of the two contributes.
-- indep-regions-search  the same GANs mixed by the weights the grid's result search finds for its
-             own generators (where the case's ensemble scope is grid): the search without coevolution.
+- indep-regions-search  the same GANs mixed by the grid's own ensemble search (forward selection,
+             then a (1+1)-ES, on the grid's score) where the case's ensemble scope is grid, instead
+             of by data share: the search without the coevolution.
 Toys: modes covered and high-quality share (HQ) of 2,500 samples, and per-cell diversity (modes
 covered by each cell's own generator, their union). Images: FID with the classifier extractor and
 TVD of its predicted class histogram, against held-out real images the GANs never saw, and beside
@@ -39,8 +40,8 @@ rate each seed chose; table.json keeps every rate's results under "sweep".
 Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
 steps in sequence on one; on the other the N independent GANs as one stack (palomino.baselines:
 every step one batched update for all of them), then those on the regions; without the plain GAN
-the stacks have both. `--device cuda` trains
-the grid and the baselines on a GPU; samples are scored on the CPU.
+the stacks have both. `--device cuda` trains the grid and the baselines on a GPU; samples are
+scored on the CPU.
 """
 
 from __future__ import annotations
