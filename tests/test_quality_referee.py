@@ -141,6 +141,19 @@ def test_the_fashion_case_trains_on_its_data_size(quality: ModuleType, fashion_m
     assert len(train.labels.unique()) == 10
 
 
+def test_the_full_fashion_cases_train_on_every_training_image(quality: ModuleType, fashion_mnist_dir: Path) -> None:
+    from palomino.config.loading import load_config
+
+    for n in (1, 5):
+        case = quality.CASES[f"fashion-full-{n}x{n}"]
+        config = load_config(
+            REPO / "examples" / f"{case.example}.yaml", [*case.overrides, f"data.dir={fashion_mnist_dir}"]
+        )
+        assert (config.grid.rows, config.grid.cols) == (n, n)
+        train, held_out, _ = quality.split_data(config, 0)
+        assert (len(train), len(held_out)) == (60_000, 10_000)
+
+
 def test_the_referee_trains_only_the_baselines_asked_for(quality: ModuleType, tmp_path: Path) -> None:
     import json
 
