@@ -28,7 +28,10 @@ def test_kmeans_finds_well_separated_blobs() -> None:
 def test_region_labels_are_seeded_and_cover_the_ring_mode_by_mode() -> None:
     dataset = load_dataset(parse_config(tiny()).data, 0)  # 8 Gaussians on a ring
     labels = region_labels(dataset, 8, seed=1)
-    assert torch.equal(labels, region_labels(dataset, 8, seed=1))
+    again = dataset.rows(torch.arange(len(dataset)))  # the same samples, another instance: computed anew
+    assert not again.derived and torch.equal(labels, region_labels(again, 8, seed=1))
+    assert region_labels(dataset, 8, seed=1) is labels  # asked again (another cell): computed once
+    assert not torch.equal(labels, region_labels(dataset, 8, seed=2))  # the seed is part of what is kept
     # 8 regions of 8 separated modes: each region is exactly one mode.
     pairs = {(int(r), int(m)) for r, m in zip(labels, dataset.labels)}
     assert len(pairs) == 8 and len({r for r, _ in pairs}) == 8

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ class Dataset:
     modes: torch.Tensor | None = None
     mode_std: float | None = None
     class_names: tuple[str, ...] = ()
+    # What is computed from these samples once and asked for by many (each cell of a grid asks for
+    # the same k-means regions): per instance, so a subset (`rows`) starts empty.
+    derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
