@@ -3,7 +3,8 @@
 For a grid of N cells × S optimiser steps each (generator + discriminator steps, counted by the
 trainer in metrics.jsonl), on the same data and seeds:
 - grid       Palomino's result, the mixture `palomino sample` draws from (result/);
-- plain      one GAN with the grid's total steps: same networks, loss, Adam; no coevolution;
+- plain      one GAN with the grid's total steps: same networks, loss, Adam; no coevolution
+             (--plain-scale S: the same samples in batches S times larger, "plain-batch×S");
 - indep-best N independent GANs with S steps each, the one whose MMD² to the training data is lowest;
 - indep-mix  their equal-weight mixture.
 - grid-alone, grid-no-selection  with --ablations: the grid without communication (no neighbours)
@@ -301,12 +302,15 @@ class Options:
     (grid.neighbourhood none: each cell alone, the same policies), "grid-alone", and without
     selection, "grid-no-selection"; which baselines to train (plain, indep: best and mix,
     regions); the network whose features score images (classifier: Palomino's CNN; lipizzaner:
-    Lipizzaner's MNIST CNN, for FIDs beside its published ones)."""
+    Lipizzaner's MNIST CNN, for FIDs beside its published ones); `plain_scale` S: the plain GAN
+    takes the grid's samples as batches S times larger in S times fewer steps (an 8×8 or 12×12
+    grid's total steps in sequence outlast a short GPU run), its row then "plain-batch×S"."""
 
     device: str = "cpu"
     ablations: bool = False
     baselines: tuple[str, ...] = BASELINES
     extractor: str = "classifier"
+    plain_scale: int = 1
 
 
 def evaluate_case(
@@ -374,9 +378,10 @@ def evaluate_case(
     # Without the plain GAN they have all of the grid's threads.
     torch.set_num_threads(1 if "plain" in baselines else THREADS)
     per = Budget(g // cells, d // cells)
+    plain_config, plain_budget, plain_name = plain_setting(config, Budget(g, d), options.plain_scale)
     with ThreadPoolExecutor(1) as thread:
         plain_job = (
-            thread.submit(train_baselines, config, [train], Budget(g, d), [seed + 1000], device)
+            thread.submit(train_baselines, plain_config, [train], plain_budget, [seed + 1000], device)
             if "plain" in baselines
             else None
         )
@@ -392,8 +397,9 @@ def evaluate_case(
     results = [grid, *ablated]
     if plain_done is not None:
         (plain,), (plain_critic,), plain_seconds = plain_done
+        steps = plain_budget.generator + plain_budget.discriminator
         results.append(
-            judged("plain", g + d, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at))
+            judged(plain_name, steps, plain_seconds, lambda at: baseline.sample([plain], [plain_critic], at=at))
         )
     if indep is not None:
         nets, critics, seconds = indep
@@ -427,6 +433,16 @@ def evaluate_case(
                 )
             )
     return results
+
+
+def plain_setting(config: ExperimentConfig, total: Budget, scale: int) -> tuple[ExperimentConfig, Budget, str]:
+    """(config, budget, row name) of the plain GAN: the grid's total steps in sequence, or with
+    `scale` S > 1 batches S times larger and S times fewer steps (the same samples seen)."""
+    if scale == 1:
+        return config, total, "plain"
+    training = config.training.model_copy(update={"batch_size": config.training.batch_size * scale})
+    budget = Budget(max(1, total.generator // scale), max(1, total.discriminator // scale))
+    return config.model_copy(update={"training": training}), budget, f"plain-batch×{scale}"
 
 
 def searched_weights(
@@ -711,6 +727,14 @@ def main(argv: list[str] | None = None) -> int:
         "(indep-regions); fewer when comparing variants of the grid",
     )
     parser.add_argument(
+        "--plain-scale",
+        type=int,
+        default=1,
+        metavar="S",
+        help="the plain GAN sees the grid's samples in batches S times larger and S times fewer steps (default 1: "
+        "the grid's steps in sequence); for the large grids, whose steps in sequence outlast a short GPU run",
+    )
+    parser.add_argument(
         "--extractor",
         choices=("classifier", "lipizzaner"),
         default="classifier",
@@ -723,7 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown case {unknown[0]}; choose from {', '.join(CASES)}")
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4])
-    options = Options(args.device, args.ablations, tuple(args.baselines), args.extractor)
+    if args.plain_scale < 1:
+        parser.error(f"--plain-scale {args.plain_scale}: must be ≥ 1 (1: the grid's steps in sequence)")
+    options = Options(args.device, args.ablations, tuple(args.baselines), args.extractor, args.plain_scale)
     with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
@@ -754,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                     "rates": args.rates,
                     "baselines": args.baselines,
                     "extractor": args.extractor,
+                    "plain_scale": args.plain_scale,
                     "rows": rows,
                     "sweep": [asdict(r) for r in swept],
                 },

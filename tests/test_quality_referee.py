@@ -166,6 +166,31 @@ def test_the_referee_trains_only_the_baselines_asked_for(quality: ModuleType, tm
         quality.main(["ring-3x3", "--baselines", "everything"])
 
 
+def test_the_plain_gan_can_see_the_grids_samples_in_larger_batches(quality: ModuleType, tmp_path: Path) -> None:
+    import json
+
+    from conftest import tiny
+
+    from palomino.baselines import Budget
+    from palomino.config import parse_config
+
+    config = parse_config(tiny(training={"batch_size": 50}))
+    assert quality.plain_setting(config, Budget(900, 1800), 1) == (config, Budget(900, 1800), "plain")
+    scaled, budget, name = quality.plain_setting(config, Budget(900, 1800), 4)
+    assert (scaled.training.batch_size, budget, name) == (200, Budget(225, 450), "plain-batch×4")  # same samples
+    assert config.training.batch_size == 50  # the grid's own config untouched
+
+    short = short_ring("training.iterations=1")
+    args = ["ring-3x3", "--seeds", "0", "--baselines", "plain", "--plain-scale", "2", *short, "--out", str(tmp_path)]
+    assert quality.main(args) == 0
+    table = json.loads((tmp_path / "table.json").read_text())
+    grid, plain = table["rows"]
+    assert (plain["method"], table["plain_scale"]) == ("plain-batch×2", 2)
+    assert plain["steps"] == grid["steps"] // 2
+    with pytest.raises(SystemExit):
+        quality.main(["ring-3x3", "--plain-scale", "0"])
+
+
 def test_the_no_selection_ablation_takes_fitness_out_of_selection_and_replacement(quality: ModuleType) -> None:
     from conftest import tiny
 
