@@ -618,8 +618,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         for k in ("modes", "hq", "cell_modes", "union", "used", "fid", "tvd", "memorization")
         if any(k in r for r in rows)
     ]
+    width = max([12, *(len(r["case"]) + 2 for r in rows)])  # fashion-full-12x12 and the like
     lines = [
-        f"{'case':<12}{'method':<21}{'seeds':>6}"
+        f"{'case':<{width}}{'method':<21}{'seeds':>6}"
         + "".join(f"{k:>16}" for k in keys)
         + f"{'G+D steps':>12}{'wall s':>9}"
     ]
@@ -634,7 +635,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         cells = "".join(cell(r, k) for k in keys)
         rates = "  lr " + ",".join(f"{x:g}" for x in r["lr"]) if "lr" in r else ""
         lines.append(
-            f"{r['case']:<12}{r['method']:<21}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}{rates}"
+            f"{r['case']:<{width}}{r['method']:<21}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}{rates}"
         )
     if "memorization" in keys:
         lines.append(MEMORIZATION_LEGEND)
