@@ -104,6 +104,7 @@ IMAGE_BUDGET = (
 )
 IMAGE_QUICK = ("training.iterations=4", "training.batches_per_iteration=20")
 MNIST = (f"data.dir={MNIST_DIR}", "data.split=test")  # the offline copy: 8,000 images to train on, 2,000 held out
+FASHION = ("data.name=fashion_mnist", "data.split=train")  # scored against its test split
 CASES: dict[str, Case] = {
     "ring-3x3": Case("ring-3x3", quick=("training.iterations=30",)),
     "grid-4x4": Case("grid-4x4", quick=("training.iterations=30",)),
@@ -115,7 +116,7 @@ CASES: dict[str, Case] = {
     },
     "fashion-3x3": Case(
         "mnist-regions-3x3",
-        (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", "data.size=10000"),
+        (*IMAGE_BUDGET, *FASHION, "data.size=10000"),
         IMAGE_QUICK,
     ),
     # The main case for the larger grids: all 60,000 training images (a 5×5 cell's region
@@ -123,7 +124,7 @@ CASES: dict[str, Case] = {
     **{
         f"fashion-full-{n}x{n}": Case(
             "mnist-regions-3x3",
-            (*IMAGE_BUDGET, "data.name=fashion_mnist", "data.split=train", f"grid.rows={n}", f"grid.cols={n}"),
+            (*IMAGE_BUDGET, *FASHION, f"grid.rows={n}", f"grid.cols={n}"),
             IMAGE_QUICK,
         )
         for n in (1, 3, 5, 8, 12)
