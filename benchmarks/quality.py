@@ -7,9 +7,12 @@ trainer in metrics.jsonl), on the same data and seeds:
              (--plain-scale S: the same samples in batches S times larger, "plain-batch×S");
 - indep-best N independent GANs with S steps each, the one whose MMD² to the training data is lowest;
 - indep-mix  their equal-weight mixture.
-- grid-alone, grid-no-selection  with --ablations: the grid without communication (no neighbours)
-             and without selection (tournaments of one, generational replacement; where the grid
-             selects nothing already — one individual a cell, no migrants — its own run is the row).
+- grid-alone, grid-no-selection, grid-no-mutation  with --ablations (all three, or those named):
+             the grid without communication (no neighbours), without selection (tournaments of one,
+             generational replacement) and without its cells' own policies (no learning-rate
+             mutation, the first loss only, as the baselines train); where the grid has nothing of
+             it to take away (one individual a cell and no migrants; one loss and no mutation) its
+             own run is the row.
 - indep-regions  with training.data_regions: N independent GANs, GAN i on exactly the data cell i
              trains on (its k-means region), mixed by their data's share: the grid's data split
              without coevolution, so the table tells what each of the two contributes.
@@ -36,6 +39,7 @@ rate each seed chose; table.json keeps every rate's results under "sweep".
     python benchmarks/quality.py --out bench/quality      # table.json, table.png and the runs there
     python benchmarks/quality.py ring-3x3 --seeds 0 1 2 --rates 1e-4 2e-4 5e-4 1e-3   # tuned
     python benchmarks/quality.py mnist-3x3 --seeds 0 --ablations --baselines regions  # grid variants only
+    python benchmarks/quality.py mnist-3x3 --seeds 0 --ablations grid-no-mutation --baselines regions
     python benchmarks/quality.py mnist-3x3 --seeds 0 --extractor lipizzaner  # FID on Lipizzaner's MNIST CNN
 
 Baselines train on two threads (one torch thread each) while nothing else runs: the plain GAN's
@@ -81,6 +85,7 @@ MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
 SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
 IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
 BASELINES = ("plain", "indep", "regions")  # --baselines: the rows beside the grid's
+ABLATIONS = ("grid-alone", "grid-no-selection", "grid-no-mutation")  # --ablations: the grid, something taken out
 THREADS = 2  # torch threads of the grid's runs (the 2-core reference machine's cores)
 VALIDATION = 1000  # images set aside from the training split when --rates sweeps learning rates
 
@@ -299,16 +304,17 @@ def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
 
 @dataclass(frozen=True)
 class Options:
-    """How every case is run: the device; `ablations`: the grid again without communication
-    (grid.neighbourhood none: each cell alone, the same policies), "grid-alone", and without
-    selection, "grid-no-selection"; which baselines to train (plain, indep: best and mix,
+    """How every case is run: the device; `ablations`: which of ABLATIONS to run, the grid again
+    without communication (grid.neighbourhood none: each cell alone, the same policies),
+    "grid-alone", without selection, "grid-no-selection", without its cells' own policies,
+    "grid-no-mutation"; which baselines to train (plain, indep: best and mix,
     regions); the network whose features score images (classifier: Palomino's CNN; lipizzaner:
     Lipizzaner's MNIST CNN, for FIDs beside its published ones); `plain_scale` S: the plain GAN
     takes the grid's samples as batches S times larger in S times fewer steps (an 8×8 or 12×12
     grid's total steps in sequence outlast a short GPU run), its row then "plain-batch×S"."""
 
     device: str = "cpu"
-    ablations: bool = False
+    ablations: tuple[str, ...] = ()
     baselines: tuple[str, ...] = BASELINES
     extractor: str = "classifier"
     plain_scale: int = 1
@@ -354,14 +360,20 @@ def evaluate_case(
             method, sum(grid_steps(variant_run)[:2]), seconds, lambda at: mixture.sample(n, seed=at, data_space=False)
         )
 
-    if ablations:
+    if "grid-alone" in ablations:
         alone_config = config.model_copy(update={"grid": config.grid.model_copy(update={"neighbourhood": "none"})})
         ablated.append(variant("grid-alone", alone_config, "alone"))
-        if selects(config):
-            ablated.append(variant("grid-no-selection", without_selection(config), "no-selection"))
+    for method, folder, takes_out, applies in (
+        ("grid-no-selection", "no-selection", without_selection, selects),
+        ("grid-no-mutation", "no-mutation", without_mutation, mutates),
+    ):
+        if method not in ablations:
+            continue
+        if applies(config):
+            ablated.append(variant(method, takes_out(config), folder))
         else:  # nothing to take away: the grid's own run is the row
-            print(f"{name} seed {seed} grid-no-selection: the grid's own run (its settings select nothing)")
-            ablated.append(replace(grid, method="grid-no-selection"))
+            print(f"{name} seed {seed} {method}: the grid's own run (its settings have nothing of it)")
+            ablated.append(replace(grid, method=method))
     if held_out is None:  # per-cell diversity: each cell's own generator, and their union
         per_cell = [
             mode_coverage(draw([own_generator(run, c)], np.ones(1), n, latent, seed + 200), train.modes, train.mode_std)
@@ -478,6 +490,23 @@ def selects(config: ExperimentConfig) -> bool:
     training = config.training
     one_candidate = training.population_size == 1 and training.selection.migration == 0
     return training.selection.replacement != "generational" or not (training.tournament_size == 1 or one_candidate)
+
+
+def without_mutation(config: ExperimentConfig) -> ExperimentConfig:
+    """The grid without its cells' own policies: no learning-rate mutation and one loss, the first
+    (the baselines' loss); the neighbourhood, selection and every other setting as they are."""
+    training = config.training
+    mutation = training.mutation.model_copy(update={"probability": 0.0})
+    return config.model_copy(
+        update={"training": training.model_copy(update={"mutation": mutation, "losses": training.losses[:1]})}
+    )
+
+
+def mutates(config: ExperimentConfig) -> bool:
+    """Whether the cells do anything of their own beyond a plain GAN's step: mutate their rates
+    (a chance and a step above 0) or draw among several losses."""
+    mutation = config.training.mutation
+    return (mutation.probability > 0 and mutation.alpha > 0) or len(config.training.losses) > 1
 
 
 def sweep_case(
@@ -690,6 +719,15 @@ def report(r: Result, prefix: str = "") -> None:
     )
 
 
+def write_table(out: Path, header: dict[str, Any], results: list[Result], swept: list[Result]) -> list[dict[str, Any]]:
+    """table.json in `out`: how the referee was run, a row per method over the seeds so far, every
+    swept rate's results; `header["finished"]`: True, or the [case, seed] pairs done so far."""
+    rows = summarise(results)
+    table = {**header, "rows": rows, "sweep": [asdict(r) for r in swept]}
+    (out / "table.json").write_text(json.dumps(table, indent=2))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help=f"cases (default: ring-3x3 grid-4x4); any of {', '.join(CASES)}")
@@ -715,10 +753,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--ablations",
-        action="store_true",
-        help="also the grid without communication (grid-alone: grid.neighbourhood=none, each cell alone with the "
-        "same policies) and without selection (grid-no-selection: tournaments of one, generational replacement); "
-        "up to two more grid runs per case, seed and rate",
+        nargs="*",
+        choices=ABLATIONS,
+        default=None,
+        help="also the grid with something taken out (alone: all three; else those named): grid-alone "
+        "(grid.neighbourhood=none, each cell alone with the same policies), grid-no-selection (tournaments of one, "
+        "generational replacement), grid-no-mutation (no learning-rate mutation, the first loss only); one more "
+        "grid run each per case, seed and rate, none where the grid has nothing of it to take away",
     )
     parser.add_argument(
         "--baselines",
@@ -751,12 +792,25 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2, 3, 4])
     if args.plain_scale < 1:
         parser.error(f"--plain-scale {args.plain_scale}: must be ≥ 1 (1: the grid's steps in sequence)")
-    options = Options(args.device, args.ablations, tuple(args.baselines), args.extractor, args.plain_scale)
+    ablations = () if args.ablations is None else tuple(args.ablations or ABLATIONS)
+    options = Options(args.device, ablations, tuple(args.baselines), args.extractor, args.plain_scale)
     with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         results: list[Result] = []
         swept: list[Result] = []
+        header = {
+            "cases": cases,
+            "seeds": seeds,
+            "overrides": args.overrides,
+            "quick": args.quick,
+            "rates": args.rates,
+            "baselines": args.baselines,
+            "ablations": list(ablations),
+            "extractor": args.extractor,
+            "plain_scale": args.plain_scale,
+        }
+        done: list[list[Any]] = []
         for name in cases:
             overrides = [*(CASES[name].quick if args.quick else ()), *args.overrides]
             for seed in seeds:
@@ -770,25 +824,11 @@ def main(argv: list[str] | None = None) -> int:
                 for r in chosen:
                     results.append(r)
                     report(r, "chosen: " if args.rates else "")
-        rows = summarise(results)
+                done.append([name, seed])
+                if args.out:  # a long run stopped early keeps the seeds it finished
+                    write_table(out, {**header, "finished": done}, results, swept)
+        rows = write_table(out, {**header, "finished": True}, results, swept)
         print(format_table(rows))
-        (out / "table.json").write_text(
-            json.dumps(
-                {
-                    "cases": cases,
-                    "seeds": seeds,
-                    "overrides": args.overrides,
-                    "quick": args.quick,
-                    "rates": args.rates,
-                    "baselines": args.baselines,
-                    "extractor": args.extractor,
-                    "plain_scale": args.plain_scale,
-                    "rows": rows,
-                    "sweep": [asdict(r) for r in swept],
-                },
-                indent=2,
-            )
-        )
         plot(rows, out / "table.png")
         if args.out:
             print(f"\n{out / 'table.json'}  {out / 'table.png'}", file=sys.stderr)

@@ -112,8 +112,8 @@ def test_the_referee_runs_a_short_sweep_with_the_ablation_end_to_end(quality: Mo
     args = ["ring-3x3", "--seeds", "0", "--rates", "1e-3", "2e-4", "--ablations", *short, "--out", str(tmp_path)]
     assert quality.main(args) == 0
     table = json.loads((tmp_path / "table.json").read_text())
-    methods = {"grid", "grid-alone", "grid-no-selection", "plain", "indep-best", "indep-mix", "indep-regions"}
-    methods |= {"indep-regions-search"}
+    methods = {"grid", "grid-alone", "grid-no-selection", "grid-no-mutation", "plain", "indep-best", "indep-mix"}
+    methods |= {"indep-regions", "indep-regions-search"}
     assert {row["method"] for row in table["rows"]} == methods
     assert all(row["lr"][0] in (1e-3, 2e-4) and "hq" in row for row in table["rows"])
     swept = {(r["method"], r["rate"]) for r in table["sweep"]}
@@ -128,6 +128,11 @@ def test_the_referee_runs_a_short_sweep_with_the_ablation_end_to_end(quality: Mo
     # grid-alone: the same grid with no neighbours (its own run directory, a config that says so)
     alone = [yaml.safe_load(p.read_text()) for p in (tmp_path / "ring-3x3" / "alone").glob("*/config.yaml")]
     assert len(alone) == 2 and all(c["grid"]["neighbourhood"] == "none" for c in alone)  # one run per rate
+    # grid-no-mutation: the ring mutates its rates, so a run of its own whose cells do not
+    fixed = [yaml.safe_load(p.read_text()) for p in (tmp_path / "ring-3x3" / "no-mutation").glob("*/config.yaml")]
+    assert len(fixed) == 2 and all(c["training"]["mutation"]["probability"] == 0 for c in fixed)
+    assert table["ablations"] == ["grid-alone", "grid-no-selection", "grid-no-mutation"]
+    assert table["finished"] is True
 
 
 def test_the_fashion_case_trains_on_its_data_size(quality: ModuleType, fashion_mnist_dir: Path) -> None:
@@ -208,6 +213,62 @@ def test_the_no_selection_ablation_takes_fitness_out_of_selection_and_replacemen
     assert not quality.selects(regions)  # one individual, no migrants, generational: nothing to remove
     elitist = parse_config(tiny(training={"selection": {"migration": 0.0}}))
     assert quality.selects(elitist)  # the parent survives when fitter than its offspring
+
+
+def test_the_no_mutation_ablation_takes_the_cells_own_policies_out(quality: ModuleType) -> None:
+    from conftest import tiny
+
+    from palomino.config import parse_config
+
+    mustangs = parse_config(tiny(training={"losses": ["minimax", "nonsaturating", "mse"]}))
+    assert quality.mutates(mustangs)
+    fixed = quality.without_mutation(mustangs)
+    assert not quality.mutates(fixed)
+    assert fixed.training.losses == ["minimax"] and fixed.training.mutation.probability == 0  # the baselines' loss
+    assert fixed.grid == mustangs.grid and fixed.training.selection == mustangs.training.selection
+    assert mustangs.training.losses == ["minimax", "nonsaturating", "mse"]  # the grid's own config untouched
+    one_loss = parse_config(tiny(training={"losses": ["nonsaturating"], "mutation": {"probability": 0.5}}))
+    assert quality.mutates(one_loss)  # its rates still move
+    still = parse_config(tiny(training={"losses": ["nonsaturating"], "mutation": {"alpha": 0.0}}))
+    assert not quality.mutates(still)  # nothing to take away: the grid's own run is the row
+
+
+def test_the_referee_runs_only_the_ablations_named_and_keeps_each_seed(quality: ModuleType, tmp_path: Path) -> None:
+    import json
+
+    short = short_ring("training.iterations=1", "training.mutation.alpha=0")
+    args = ["ring-3x3", "--seeds", "0", "1", "--ablations", "grid-no-mutation", "--baselines", *short]
+    assert quality.main([*args, "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert [row["method"] for row in table["rows"]] == ["grid", "grid-no-mutation"]
+    grid, fixed = table["rows"]
+    assert fixed["modes"] == grid["modes"] and fixed["hq"] == grid["hq"]  # nothing mutates: the grid's own run
+    assert not (tmp_path / "ring-3x3" / "no-mutation").exists() and table["finished"] is True
+    with pytest.raises(SystemExit):  # argparse names the choices
+        quality.main(["ring-3x3", "--ablations", "grid-without-anything"])
+
+
+def test_a_stopped_referee_leaves_the_seeds_it_finished(
+    quality: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    calls: list[int] = []
+    real = quality.evaluate_case
+
+    def stops_at_the_second_seed(name: str, seed: int, *rest: object, **kwargs: object) -> list[object]:
+        calls.append(seed)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(name, seed, *rest, **kwargs)
+
+    monkeypatch.setattr(quality, "evaluate_case", stops_at_the_second_seed)
+    short = short_ring("training.iterations=1")
+    with pytest.raises(KeyboardInterrupt):
+        quality.main(["ring-3x3", "--seeds", "3", "4", "--baselines", *short, "--out", str(tmp_path)])
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert table["finished"] == [["ring-3x3", 3]] and [row["method"] for row in table["rows"]] == ["grid"]
+    assert table["rows"][0]["seeds"] == 1
 
 
 def test_the_referee_scores_on_lipizzaners_cnn_when_asked(
