@@ -11,8 +11,8 @@ trainer in metrics.jsonl), on the same data and seeds:
              the grid without communication (no neighbours), without selection (tournaments of one,
              generational replacement) and without its cells' own policies (no learning-rate
              mutation, the first loss only, as the baselines train); where the grid has nothing of
-             it to take away (one individual a cell and no migrants; one loss and no mutation) its
-             own run is the row.
+             it to take away (no neighbourhood; one individual a cell and no migrants; one loss and
+             no mutation) its own run is the row.
 - indep-regions  with training.data_regions: N independent GANs, GAN i on exactly the data cell i
              trains on (its k-means region), mixed by their data's share: the grid's data split
              without coevolution, so the table tells what each of the two contributes.
@@ -85,7 +85,6 @@ MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
 SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
 IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
 BASELINES = ("plain", "indep", "regions")  # --baselines: the rows beside the grid's
-ABLATIONS = ("grid-alone", "grid-no-selection", "grid-no-mutation")  # --ablations: the grid, something taken out
 THREADS = 2  # torch threads of the grid's runs (the 2-core reference machine's cores)
 VALIDATION = 1000  # images set aside from the training split when --rates sweeps learning rates
 
@@ -360,15 +359,8 @@ def evaluate_case(
             method, sum(grid_steps(variant_run)[:2]), seconds, lambda at: mixture.sample(n, seed=at, data_space=False)
         )
 
-    if "grid-alone" in ablations:
-        alone_config = config.model_copy(update={"grid": config.grid.model_copy(update={"neighbourhood": "none"})})
-        ablated.append(variant("grid-alone", alone_config, "alone"))
-    for method, folder, takes_out, applies in (
-        ("grid-no-selection", "no-selection", without_selection, selects),
-        ("grid-no-mutation", "no-mutation", without_mutation, mutates),
-    ):
-        if method not in ablations:
-            continue
+    for method in ablations:
+        folder, takes_out, applies = ABLATIONS[method]
         if applies(config):
             ablated.append(variant(method, takes_out(config), folder))
         else:  # nothing to take away: the grid's own run is the row
@@ -472,6 +464,15 @@ def searched_weights(
     return grid_ensemble(generators, cells, train, config, "cpu", critics, features=features).ensemble.weights
 
 
+def without_neighbours(config: ExperimentConfig) -> ExperimentConfig:
+    """The grid without communication: grid.neighbourhood none, each cell alone with the same policies."""
+    return config.model_copy(update={"grid": config.grid.model_copy(update={"neighbourhood": "none"})})
+
+
+def communicates(config: ExperimentConfig) -> bool:
+    return config.grid.neighbourhood != "none"
+
+
 def without_selection(config: ExperimentConfig) -> ExperimentConfig:
     """The grid without selection: tournaments of one (a random candidate, no fitness pressure) and
     generational replacement (the trained offspring replace their parents whatever their fitness);
@@ -507,6 +508,15 @@ def mutates(config: ExperimentConfig) -> bool:
     (a chance and a step above 0) or draw among several losses."""
     mutation = config.training.mutation
     return (mutation.probability > 0 and mutation.alpha > 0) or len(config.training.losses) > 1
+
+
+# --ablations: each name's run directory, the config with it taken out, and whether the grid has
+# any of it (if not, the grid's own run is the row).
+ABLATIONS: dict[str, tuple[str, Callable[[ExperimentConfig], ExperimentConfig], Callable[[ExperimentConfig], bool]]] = {
+    "grid-alone": ("alone", without_neighbours, communicates),
+    "grid-no-selection": ("no-selection", without_selection, selects),
+    "grid-no-mutation": ("no-mutation", without_mutation, mutates),
+}
 
 
 def sweep_case(
@@ -754,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ablations",
         nargs="*",
-        choices=ABLATIONS,
+        choices=tuple(ABLATIONS),
         default=None,
         help="also the grid with something taken out (alone: all three; else those named): grid-alone "
         "(grid.neighbourhood=none, each cell alone with the same policies), grid-no-selection (tournaments of one, "

@@ -231,6 +231,8 @@ def test_the_no_mutation_ablation_takes_the_cells_own_policies_out(quality: Modu
     assert quality.mutates(one_loss)  # its rates still move
     still = parse_config(tiny(training={"losses": ["nonsaturating"], "mutation": {"alpha": 0.0}}))
     assert not quality.mutates(still)  # nothing to take away: the grid's own run is the row
+    alone = quality.without_neighbours(mustangs)  # grid-alone: likewise its own row where nothing communicates
+    assert quality.communicates(mustangs) and not quality.communicates(alone) and alone.training == mustangs.training
 
 
 def test_the_referee_runs_only_the_ablations_named_and_keeps_each_seed(quality: ModuleType, tmp_path: Path) -> None:
