@@ -12,6 +12,12 @@ Two measurements, in one process, on one device:
           each cell's fitness and selection, the stacked training, re-evaluation, replacement
           and mixture; plus the snapshots the cells exchange), seconds per iteration split by
           phase, projected to `--project` batches per cell (120,000: 200 epochs of 60,000 images).
+  count   `--count-ops`: for each K of `--cells`, one whole iteration of a K-cell tile (after a
+          warm-up one), counted instead of timed: aten ops dispatched by phase (a TorchDispatchMode in
+          the thread that runs the tile) and host syncs: reads back to the host, counted by
+          palomino.nn.host, which every transfer goes through (on a GPU each waits for the queue;
+          tests/test_host_transfers.py keeps other transfers out of the code). A launch-bound GPU costs about what an iteration
+          dispatches and waits for; this is how that is measured on a machine without one.
   baselines  `--baselines N …`: the referee's N independent plain GANs (palomino.baselines),
           `--batches` generator and discriminator steps each, trained as one stack against one
           after another (what benchmarks/quality.py did before); GANs × steps per second, ratio.
@@ -29,6 +35,7 @@ wall time with a synchronize on CUDA.
     python benchmarks/tiles.py --model ring --cells 1 9 36 144 --grid 3
     python benchmarks/tiles.py --cells 1 9 36 144 576 --device cuda
     python benchmarks/tiles.py --cells --grid 12 --device cuda --iterations 3
+    python benchmarks/tiles.py --count-ops --cells 1 9 36 144 --batches 50
     python benchmarks/tiles.py --model ring --cells --baselines 1 9 16 --batches 200
     python benchmarks/tiles.py --model dcgan --cells 1 9 36 --device cuda
     python benchmarks/tiles.py --model dcgan --width 16 --cells 1 4 --batches 4   # a CPU look
@@ -37,14 +44,17 @@ wall time with a synchronize on CUDA.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from palomino.baselines import Budget, train_independent
 from palomino.coevolution import Cell
@@ -53,6 +63,11 @@ from palomino.coevolution.tile_training import Lane, train_tile
 from palomino.config import DataConfig, ExperimentConfig
 from palomino.data import Dataset, data_dir, load_dataset
 from palomino.grid import Coord, Topology
+
+try:  # the revisions before issue 34 had no transfer helper: their syncs are not counted
+    from palomino.nn import host
+except ImportError:
+    host = None  # type: ignore[assignment]
 
 SHAPES = {1: (1, 1), 9: (3, 3), 36: (6, 6), 144: (12, 12), 576: (24, 24)}
 
@@ -220,6 +235,106 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     )
 
 
+class OpCounter(TorchDispatchMode):
+    """aten ops dispatched in this thread, by the phase set in `phase`. (Syncs are not read off
+    the ops: on a CPU every tensor is on the host, so `float(t)` of a table already read back and
+    of a device tensor look alike. They are the reads palomino.nn.host counts.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "other"
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[self.phase] += 1
+        return func(*args, **(kwargs or {}))
+
+
+PHASES = ("exchange", "select", "train", "complete", "other")
+
+
+def count_iteration(cells: list[Cell]) -> dict:
+    """One whole iteration of `cells` as one tile (after a warm-up one), counted by phase."""
+    import palomino.coevolution.tile as tile_module
+
+    tile = Tile(cells)
+    tile.iterate(neighbourhoods(cells))  # warm-up: slots built, first reshuffles
+    counter = OpCounter()
+    traffic = host.Traffic() if host is not None else None
+    reads: Counter[str] = Counter()
+    uploads: Counter[str] = Counter()
+
+    def phased(name: str, fn: Callable) -> Callable:
+        """The phases do not nest: what none of them counts is `other` (the tile's own work)."""
+
+        def wrapper(*a, **kw):
+            before = (traffic.reads, traffic.uploads) if traffic is not None else (0, 0)
+            counter.phase = name
+            try:
+                return fn(*a, **kw)
+            finally:
+                counter.phase = "other"
+                if traffic is not None:
+                    reads[name] += traffic.reads - before[0]
+                    uploads[name] += traffic.uploads - before[1]
+
+        return wrapper
+
+    originals = {name: getattr(Cell, name) for name in ("select", "complete")}
+    train_original = tile_module.train_tile
+    for name, fn in originals.items():
+        setattr(Cell, name, phased(name, fn))
+    tile_module.train_tile = phased("train", train_original)
+    try:
+        with counter:
+            if host is not None:
+                with host.counting() as traffic:
+                    tile.iterate(phased("exchange", neighbourhoods)(cells))
+                reads["other"] = traffic.reads - sum(reads.values())
+                uploads["other"] = traffic.uploads - sum(uploads.values())
+            else:
+                tile.iterate(phased("exchange", neighbourhoods)(cells))
+    finally:
+        for name, fn in originals.items():
+            setattr(Cell, name, fn)
+        tile_module.train_tile = train_original
+    syncs = {p: reads[p] for p in PHASES} if host is not None else None
+    return {"ops": {p: counter.ops[p] for p in PHASES}, "syncs": syncs, "uploads": dict(uploads)}
+
+
+def count_ops(args: argparse.Namespace, dataset: Dataset) -> None:
+    print(
+        f"\ncount: one whole iteration of a K-cell tile, {args.batches} batches per cell, {args.model} networks: "
+        "ops dispatched (per cell where a phase is per cell) and host syncs"
+    )
+    print(
+        f"{'K':>5} {'ops/iter':>10} {'per cell':>9} {'exchange/c':>11} {'select/c':>9} {'train/batch':>12} "
+        f"{'complete/c':>11} {'other':>7} {'syncs/iter':>11} {'per cell':>9} {'uploads':>8}"
+    )
+    rows = []
+    for k in args.cells:
+        r, c = SHAPES.get(k, (1, k))
+        cells = make_cells(make_config(r, c, args.batches, args.device, args.model, args.width), dataset)
+        counted = count_iteration(cells)
+        ops, syncs = counted["ops"], counted["syncs"]
+        total = sum(ops.values())
+        sync_total = sum(syncs.values()) if syncs is not None else None
+        rows.append({"cells": k, "batches": args.batches, **counted, "ops_total": total, "syncs_total": sync_total})
+        shown = "n/a" if sync_total is None else f"{sync_total:,}"
+        per = "" if sync_total is None else f"{sync_total / k:.1f}"
+        print(
+            f"{k:>5} {total:>10,} {total / k:>9,.0f} {ops['exchange'] / k:>11,.0f} {ops['select'] / k:>9,.0f} "
+            f"{ops['train'] / args.batches:>12,.0f} {ops['complete'] / k:>11,.0f} {ops['other']:>7,} "
+            f"{shown:>11} {per:>9} {sum(counted['uploads'].values()):>8,}"
+        )
+        if syncs is not None:
+            print("      syncs by phase: " + ", ".join(f"{p} {syncs[p]}" for p in PHASES if syncs[p]))
+        del cells
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "device": args.device, "rows": rows}, indent=1) + "\n")
+        print(f"written: {args.json}")
+
+
 def baselines(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     config = make_config(1, 1, args.batches, args.device, args.model)
     budget = Budget(args.batches, args.batches)
@@ -264,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         help="MNIST's perceptrons, the toys' or MNIST DCGANs/SNGANs",
     )
     parser.add_argument("--width", type=int, default=64, help="dcgan/sngan: base channel count")
+    parser.add_argument("--count-ops", action="store_true", help="count ops and host syncs per iteration instead")
+    parser.add_argument("--json", type=Path, help="--count-ops: also write the counts here")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="CPU: process time or wall time")
@@ -284,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} torch thread(s)"
     print(f"device: {device}; clock: {'wall' if clock.read is time.perf_counter else 'process CPU time'}")
     print(f"data: {described}")
+    if args.count_ops:
+        count_ops(args, dataset)
+        return 0
     if args.cells:
         steps(args, dataset, clock)
     if args.grid:

@@ -25,6 +25,7 @@ from palomino.config import ExperimentConfig
 from palomino.data import Dataset, label_count
 from palomino.grid import ClassGrid, Coord, Topology
 from palomino.nn import apply, get_loss
+from palomino.nn.host import scalar, to_host
 from palomino.wire import Snapshot
 
 
@@ -279,7 +280,7 @@ class Cell:
         network = self.generators.best.network
         network.eval()
         try:
-            return apply(network, self._noise(n), self.picture_labels(n)).cpu()
+            return to_host(apply(network, self._noise(n), self.picture_labels(n)))
         finally:
             network.train()
 
@@ -348,7 +349,7 @@ def _report(cell: Cell, steps: Steps, neighbours: dict[str, int]) -> IterationRe
 
 def _summary(best: Individual, losses: list[torch.Tensor]) -> dict[str, float]:
     return {
-        "loss": float(torch.stack(losses).mean()) if losses else float("nan"),
+        "loss": scalar(torch.stack(losses).mean()) if losses else float("nan"),
         "fitness": best.fitness,
         "learning_rate": best.learning_rate,
     }

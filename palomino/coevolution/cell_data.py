@@ -13,6 +13,7 @@ from palomino.data.regions import region_labels, regions_subset
 from palomino.errors import DatasetError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid
+from palomino.nn.host import upload
 
 
 def cell_seed(seed: int, coord: Coord) -> np.random.SeedSequence:
@@ -80,7 +81,7 @@ class CellData:
     def _reshuffle(self) -> None:
         cpu = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
         self.order = torch.randperm(len(self.samples), generator=cpu, device="cpu")
-        self._order_on_device = self.order.to(self.device)  # moved once per epoch, not per batch
+        self._order_on_device = upload(self.order, self.device)  # once per epoch, not per batch; no wait
         self.cursor = 0
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -94,7 +95,7 @@ class CellData:
 
     def random(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """n samples drawn with replacement (fitness and mixture scores), with their labels."""
-        index = torch.from_numpy(self.rng.integers(0, len(self.samples), size=n)).to(self.device, non_blocking=True)
+        index = upload(torch.from_numpy(self.rng.integers(0, len(self.samples), size=n)), self.device)
         return self._take(index)
 
     def _take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -104,9 +105,7 @@ class CellData:
         """Labels for generated samples, drawn from the class priors (the labels of random samples)."""
         if self.labels is None:
             return None
-        return self.labels[
-            torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)).to(self.device, non_blocking=True)
-        ]
+        return self.labels[upload(torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)), self.device)]
 
     def picture_labels(self, n: int) -> torch.Tensor:
         """Labels for a picture of n samples: each class in turn, in equal blocks."""
@@ -118,5 +117,5 @@ class CellData:
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         self.order = tensors["data.order"].clone()
-        self._order_on_device = self.order.to(self.device)
+        self._order_on_device = upload(self.order, self.device)
         self.cursor = int(meta["cursor"])

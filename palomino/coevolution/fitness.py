@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from palomino.nn import GanLoss, apply
+from palomino.nn.host import to_host
 from palomino.nn.stacked import apply_each, same_architecture
 
 Mode = Literal["average", "best", "worst"]
@@ -60,8 +61,8 @@ def fitness_tables(
         g_rows.append(torch.stack([loss.generator(f) for f in d_fakes]))
         if c:
             d_rows.append(torch.stack([loss.discriminator_from_logits(r, f) for r, f in zip(d_reals, d_fakes)]))
-    g_table = torch.stack(g_rows)[:g].cpu()
-    d_table = torch.stack(d_rows)[:, :c].cpu() if c else torch.empty(len(fakes), 0)
+    g_table = to_host(torch.stack(g_rows)[:g])
+    d_table = to_host(torch.stack(d_rows)[:, :c]) if c else torch.empty(len(fakes), 0)
     return g_table, d_table
 
 
@@ -80,14 +81,16 @@ def _stacked_tables(
         logits = apply_each(discriminators, [*fakes, real], labels)  # (D, G + 1, N)
         d_fake, d_real = logits[:, :count], logits[:, count]
         g_table = loss.generator(d_fake).T  # (G, D): losses average over the last axis
-        return g_table.cpu(), loss.discriminator_from_logits(d_real[:, None], d_fake).T.cpu()
+        both = torch.stack([g_table, loss.discriminator_from_logits(d_real[:, None], d_fake).T])
+        g_host, d_host = to_host(both).unbind()  # one read for both tables
+        return g_host, d_host
     g_table = torch.empty(0, len(discriminators))
     if g:
-        g_table = loss.generator(apply_each(discriminators, fakes[:g], labels)).T.cpu()
+        g_table = to_host(loss.generator(apply_each(discriminators, fakes[:g], labels)).T)
     d_table = torch.empty(count, 0)
     if c:
         logits = apply_each(discriminators[:c], [*fakes, real], labels)  # (c, G + 1, N)
-        d_table = loss.discriminator_from_logits(logits[:, count, None], logits[:, :count]).T.cpu()
+        d_table = to_host(loss.discriminator_from_logits(logits[:, count, None], logits[:, :count]).T)
     return g_table, d_table
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from palomino.nn.host import to_host
+
 BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
 
 
@@ -27,21 +29,21 @@ def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist").pow_(2).clamp_min_(0)
 
 
-def _kernel(d2: torch.Tensor, bandwidths: list[float]) -> torch.Tensor:
-    """The mean of the Gaussian kernels at these bandwidths, in two buffers the size of `d2`."""
+def _kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
+    """The mean of the Gaussian kernels at these bandwidths (float64, on the device: no read-back
+    before the kernels), in two buffers the size of `d2`."""
     total, part = torch.zeros_like(d2), torch.empty_like(d2)
-    for h in bandwidths:
+    for h in bandwidths.unbind():
         torch.mul(d2, -1.0 / (2 * h * h), out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
         total.add_(part)
     return total.div_(len(bandwidths))
 
 
 def _block_means(kernel: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Means over (rows × cols) blocks, summed in float64 and brought back to the CPU: the ES
-    evaluates the quadratic form there, with numpy weights."""
+    """Means over (rows × cols) blocks, summed in float64 (on the device)."""
     n, m = kernel.shape
     blocks = kernel.reshape(rows, n // rows, cols, m // cols).sum(dim=(1, 3), dtype=torch.float64)
-    return (blocks / ((n // rows) * (m // cols))).cpu()
+    return blocks / ((n // rows) * (m // cols))
 
 
 @dataclass(frozen=True)
@@ -70,15 +72,21 @@ class MixtureScore:
         # Median heuristic on a strided subsample: the median of a million entries costs more
         # than the kernels, and a few thousand pin it down.
         pooled = torch.cat([xx.flatten(), xy.flatten(), yy.flatten()])
-        median = float(pooled[:: max(1, len(pooled) // 4096)].median().clamp_min(1e-12).sqrt())
-        bandwidths = [median * factor for factor in factors]
+        median = pooled[:: max(1, len(pooled) // 4096)].median().clamp_min(1e-12).sqrt().double()
+        bandwidths = torch.stack([median * factor for factor in factors])
+        # The ES evaluates the quadratic form on the CPU with numpy weights: everything it needs
+        # comes back in one read (one host sync on a GPU), bandwidths included.
+        k_fake = _block_means(_kernel(xx, bandwidths), count, count)
+        k_cross = _block_means(_kernel(xy, bandwidths), count, 1).squeeze(1)
+        k_real = _block_means(_kernel(yy, bandwidths), 1, 1).reshape(1)
+        back = to_host(torch.cat([k_fake.flatten(), k_cross, k_real, bandwidths]))
         return cls(
-            k_fake=_block_means(_kernel(xx, bandwidths), count, count),
-            k_cross_mean=_block_means(_kernel(xy, bandwidths), count, 1).squeeze(1),
-            k_real_mean=float(_block_means(_kernel(yy, bandwidths), 1, 1)),
+            k_fake=back[: count * count].reshape(count, count),
+            k_cross_mean=back[count * count : count * count + count],
+            k_real_mean=float(back[count * count + count]),
             components=count,
             per_component=per_component,
-            bandwidths=tuple(bandwidths),
+            bandwidths=tuple(back[count * count + count + 1 :].tolist()),
         )
 
     def __call__(self, weights: np.ndarray) -> float:

@@ -10,6 +10,7 @@ from palomino.coevolution.individual import Individual, Role, make_adam
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
 from palomino.nn import build_discriminator, build_generator
+from palomino.nn.host import upload
 from palomino.wire import IndividualMeta, Snapshot
 
 
@@ -68,5 +69,7 @@ class NeighbourSlots:
 
 
 def tensors_on(device: torch.device, tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors under `prefix`, on `device` (not the whole snapshot once per role)."""
-    return {k: v.to(device) for k, v in tensors.items() if k.startswith(prefix)}
+    """The tensors under `prefix`, on `device` (not the whole snapshot once per role), uploaded
+    without waiting. Adam's step counts stay on the host, where torch's Adam keeps them: on the
+    device each would cost a sync to load and one more at every step (`.item()`)."""
+    return {k: v if k.endswith(".step") else upload(v, device) for k, v in tensors.items() if k.startswith(prefix)}

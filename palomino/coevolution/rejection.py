@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from palomino.nn.host import to_host
+
 MAX_ROUNDS = 20  # draws of candidates per request before the best rejected ones fill the rest
 
 
@@ -32,7 +34,7 @@ class CriticFilter:
         for critic in self.critics:
             critic.eval()
             device = next(critic.parameters()).device
-            values.append(critic(x.to(device)).reshape(len(x), -1).mean(1).float().cpu())
+            values.append(to_host(critic(x.to(device)).reshape(len(x), -1).mean(1).float()))
         return torch.stack(values).mean(0)
 
     @classmethod

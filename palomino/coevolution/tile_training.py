@@ -21,6 +21,7 @@ from palomino.coevolution.mutation import mutate_learning_rates
 from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
+from palomino.nn.host import upload
 from palomino.nn.stack_layout import StackLayout, layout_of
 from palomino.nn.stacked import gather, stack, stack_buffers, stacked_gradient_penalty, unstack
 from palomino.nn.stacked_adam import StackedAdam
@@ -210,7 +211,7 @@ class _Lockstep:
         fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, draws.active))
         opponents = self.d.frozen(draws.opponents)
         logits = self.d.layout.forward(opponents, fake, labels, self.d.use(draws.opponents, draws.active))
-        values = _per_member(draws.losses, lambda loss, rows: loss.generator(_rows(logits, rows)), self.device)
+        values = _per_member(draws.losses, lambda loss, rows, _: loss.generator(_rows(logits, rows)), self.device)
         self._update(self.g, values, draws)
         return values.detach()
 
@@ -228,22 +229,23 @@ class _Lockstep:
         real_logits = self.d.layout.forward(self.d.params, real, labels, own)
         fake_logits = self.d.layout.forward(self.d.params, fake, labels, own)
 
-        def loss_of(loss: GanLoss, rows: Tensor | None) -> Tensor:
+        def loss_of(loss: GanLoss, rows: Tensor | None, members: list[int]) -> Tensor:
             value = loss.discriminator_from_logits(_rows(real_logits, rows), _rows(fake_logits, rows))
             if loss.gp_weight:
-                value = value + loss.gp_weight * self._penalty(draws, rows, real, fake, labels)
+                value = value + loss.gp_weight * self._penalty(draws, rows, members, real, fake, labels)
             return value
 
         values = _per_member(draws.losses, loss_of, self.device)
         self._update(self.d, values, draws)
         return values.detach()
 
-    def _penalty(self, draws: _Draws, rows: Tensor | None, real: Tensor, fake: Tensor, labels: Tensor | None) -> Tensor:
+    def _penalty(
+        self, draws: _Draws, rows: Tensor | None, members: list[int], real: Tensor, fake: Tensor, labels: Tensor | None
+    ) -> Tensor:
         """WGAN-GP's E[(‖∇D(x̂)‖₂ − 1)²] per member, as nn.losses.gradient_penalty computes it for one."""
         rows = rows if rows is not None else torch.arange(len(real), device=self.device)
-        eps = torch.stack([draws.eps[m] for m in rows.tolist()])  # type: ignore[misc]
+        eps = torch.stack([draws.eps[m] for m in members])  # type: ignore[misc]
         labels = None if labels is None else labels[rows]
-        members = rows.tolist()
         use = self.d.use(members, [draws.active[m] for m in members])
         params = gather(self.d.params, rows)
         return stacked_gradient_penalty(self.d.layout, params, real[rows], fake[rows], eps, labels, use)
@@ -276,7 +278,7 @@ def _empty(members: int) -> _Draws:
 def _on(device: torch.device, values: list, dtype: torch.dtype) -> Tensor:
     """Host values on the device without waiting for it: on a GPU a blocking copy per step would
     make the host wait for every queued kernel instead of running ahead."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    return upload(values, device, dtype)
 
 
 def _index(values: list[int], device: torch.device) -> Tensor:
@@ -297,17 +299,21 @@ def _rows(values: Tensor, rows: Tensor | None) -> Tensor:
     return values if rows is None else values[rows]
 
 
-def _per_member(names: list[str], compute: Callable[[GanLoss, Tensor | None], Tensor], device: torch.device) -> Tensor:
-    """Each member's loss value under its own loss (Mustangs: a lane's draw for this batch)."""
+def _per_member(
+    names: list[str], compute: Callable[[GanLoss, Tensor | None, list[int]], Tensor], device: torch.device
+) -> Tensor:
+    """Each member's loss value under its own loss (Mustangs: a lane's draw for this batch);
+    `compute` takes the loss, the members' rows on the device (None: all) and on the host."""
     used = {name for name in names if name}
     if len(used) == 1:
-        return compute(get_loss(used.pop()), None)
+        return compute(get_loss(used.pop()), None, list(range(len(names))))
     first = next(name for name in names if name)
     names = [name or first for name in names]  # inactive members: any loss (masked out of the update)
     values = None
     for name in dict.fromkeys(names):
-        rows = _index([m for m, n in enumerate(names) if n == name], device)
-        part = compute(get_loss(name), rows)
+        members = [m for m, n in enumerate(names) if n == name]
+        rows = _index(members, device)
+        part = compute(get_loss(name), rows, members)
         values = (part.new_zeros(len(names)) if values is None else values).index_add(0, rows, part)
     assert values is not None
     return values

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from palomino.nn.host import values
 from palomino.nn.stacked import Params
 
 
@@ -68,7 +69,7 @@ class StackedAdam:
     def unstack(self, optimizers: Sequence[torch.optim.Adam]) -> None:
         """Each member's moments and step count back into its own Adam (as torch keeps them)."""
         names = list(self.params)
-        counts = self.steps.tolist()
+        counts = values(self.steps)
         for member, optimizer in enumerate(optimizers):
             if counts[member] == 0:
                 continue  # never stepped: its Adam keeps no state, as torch's would not

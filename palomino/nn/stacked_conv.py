@@ -27,6 +27,7 @@ from torch.nn.utils import parametrize
 
 from palomino.nn.conditional import ConditionalDCGANDiscriminator, ConditionalDCGANGenerator
 from palomino.nn.dcgan import DCGANDiscriminator, DCGANGenerator
+from palomino.nn.host import upload
 from palomino.nn.stacked import Params, linear
 
 STACKABLE_CONV = (DCGANGenerator, DCGANDiscriminator, ConditionalDCGANGenerator, ConditionalDCGANDiscriminator)
@@ -265,4 +266,4 @@ def _batch_norm(params: Params, layer: _Norm, h: Tensor, use: BufferUse | None) 
 
 
 def _long(values: list[int], device: torch.device) -> Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+    return upload(values, device, torch.long)

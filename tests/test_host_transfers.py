@@ -1,0 +1,69 @@
+"""Every host–device transfer of the iteration goes through palomino.nn.host, and is counted.
+
+On a GPU a read-back waits for every queued kernel; benchmarks/tiles.py --count-ops counts those
+waits on a CPU through the helpers, so a transfer written any other way would go unseen.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from palomino.nn import host
+
+ROOT = Path(__file__).resolve().parents[1]
+# What an iteration runs: the cell, its tile, its networks and their stacked forms.
+ITERATION_CODE = [
+    *sorted((ROOT / "palomino" / "coevolution").glob("*.py")),
+    *sorted((ROOT / "palomino" / "nn").glob("*.py")),
+]
+TRANSFER = re.compile(r"\.cpu\(\)|non_blocking|\.numpy\(\)")
+
+
+def test_the_iterations_code_moves_tensors_only_through_the_helpers() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in ITERATION_CODE
+        if path.name != "host.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if TRANSFER.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not offenders, "transfers outside palomino.nn.host (route them through it):\n" + "\n".join(offenders)
+
+
+def test_counting_tallies_reads_and_uploads_in_its_context_only() -> None:
+    device = torch.device("cpu")
+    host.to_host(torch.ones(3))  # outside: not counted, no error
+    with host.counting() as traffic:
+        host.to_host(torch.ones(3))
+        assert host.values(torch.arange(3)) == [0, 1, 2]
+        assert host.scalar(torch.tensor(2.5)) == 2.5
+        on_device = host.upload([1, 2], device, torch.long)
+    assert (traffic.reads, traffic.uploads) == (3, 1)
+    assert on_device.dtype == torch.long and on_device.tolist() == [1, 2]
+    with host.counting() as again:
+        pass
+    assert again.reads == 0
+
+
+def test_count_ops_counts_each_phase_and_the_syncs_of_a_tile(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("tiles_benchmark", ROOT / "benchmarks" / "tiles.py")
+    assert spec is not None and spec.loader is not None
+    tiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiles)
+    out = tmp_path / "counts.json"
+    assert (
+        tiles.main(["--count-ops", "--model", "ring", "--cells", "1", "4", "--batches", "3", "--json", str(out)]) == 0
+    )
+    rows = {row["cells"]: row for row in json.loads(out.read_text())["rows"]}
+    for k, row in rows.items():
+        assert all(row["ops"][phase] > 0 for phase in ("exchange", "select", "train", "complete")), row
+        assert row["ops_total"] == sum(row["ops"].values())
+        # Every cell reads its fitness tables and mixture back at least once: the counter sees them.
+        assert row["syncs"]["select"] >= k and row["syncs"]["complete"] >= k, row
+    # Four cells dispatch more than one, and the training's per-batch work is counted per batch.
+    assert rows[4]["ops"]["train"] > rows[1]["ops"]["train"]
