@@ -21,7 +21,7 @@ ITERATION_CODE = [
     *sorted((ROOT / "palomino" / "coevolution").glob("*.py")),
     *sorted((ROOT / "palomino" / "nn").glob("*.py")),
 ]
-TRANSFER = re.compile(r"\.cpu\(\)|non_blocking|\.numpy\(\)")
+TRANSFER = re.compile(r"\.cpu\(\)|non_blocking")  # (.numpy() of a device tensor fails loudly)
 
 
 def test_the_iterations_code_moves_tensors_only_through_the_helpers() -> None:

@@ -81,16 +81,19 @@ class CellData:
     def _reshuffle(self) -> None:
         cpu = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
         self.order = torch.randperm(len(self.samples), generator=cpu, device="cpu")
-        self._order_on_device = upload(self.order, self.device)  # once per epoch, not per batch; no wait
         self.cursor = 0
 
-    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The next training batch and, for labelled data, its labels."""
+    def next_indices(self, batch_size: int) -> np.ndarray:
+        """The next training batch's indices (on the host: a plan sends a whole iteration's at once)."""
         size = min(batch_size, len(self.samples))
         if self.cursor + size > len(self.order):
             self._reshuffle()
-        index = self._order_on_device[self.cursor : self.cursor + size]
+        index = self.order[self.cursor : self.cursor + size].numpy()
         self.cursor += size
+        return index
+
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The samples at `index` (on the device) and, for labelled data, their labels."""
         return self._take(index)
 
     def random(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -105,7 +108,12 @@ class CellData:
         """Labels for generated samples, drawn from the class priors (the labels of random samples)."""
         if self.labels is None:
             return None
-        return self.labels[upload(torch.from_numpy(self.rng.integers(0, len(self.labels), size=n)), self.device)]
+        return self.labels[upload(torch.from_numpy(self.label_indices(n)), self.device)]
+
+    def label_indices(self, n: int) -> np.ndarray:
+        """The draw behind `sampled_labels`: indices into the labels, from the cell's stream."""
+        assert self.labels is not None, "only labelled data draws labels"
+        return self.rng.integers(0, len(self.labels), size=n)
 
     def picture_labels(self, n: int) -> torch.Tensor:
         """Labels for a picture of n samples: each class in turn, in equal blocks."""
@@ -117,5 +125,4 @@ class CellData:
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         self.order = tensors["data.order"].clone()
-        self._order_on_device = upload(self.order, self.device)
         self.cursor = int(meta["cursor"])

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from palomino.coevolution.cell import Cell, IterationReport
-from palomino.coevolution.tile_training import Lane, train_tile
+from palomino.coevolution.tile_training import Lane, TileData, train_tile
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
 from palomino.nn.stack_layout import tileable
@@ -58,6 +58,7 @@ class Tile:
                 raise ValueError(f"cell {cell.coord}: its networks have no stacked form; train it with tiles: off")
         self.cells = list(cells)
         self.workers = max(1, min(workers, len(self.cells)))
+        self.data = [TileData() for _ in range(self.workers)]  # each stack's data, kept on the device
 
     @property
     def iteration(self) -> int:
@@ -73,7 +74,8 @@ class Tile:
                 Lane(cell.training, chosen.generators, chosen.discriminators, cell.iteration)
                 for cell, chosen in zip(self.cells, selected)
             ]
-            steps = [done for part in run(train_tile, _split(lanes, self.workers)) for done in part]
+            parts = _split(lanes, self.workers)
+            steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
             return list(run(lambda args: args[0].complete(*args[1:]), zip(self.cells, selected, steps)))
 
 

@@ -10,14 +10,17 @@ run, to float tolerance (tests/test_tiles.py), and a lane's draws never depend o
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from palomino.coevolution.cell_data import CellData
 from palomino.coevolution.individual import Individual
-from palomino.coevolution.mutation import mutate_learning_rates
+from palomino.coevolution.plan import IterationPlan
 from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
@@ -42,15 +45,17 @@ class Lane:
         return min(self.training.config.batch_size, len(self.training.data))
 
 
-def train_tile(lanes: list[Lane]) -> list[Steps]:
+def train_tile(lanes: list[Lane], data: TileData | None = None) -> list[Steps]:
     """Each lane's Steps, as `Training.run` would return them. Lanes whose batches differ in
-    size (a region smaller than a batch) train in separate stacks."""
+    size (a region smaller than a batch) train in separate stacks. `data`: the tile's data on the
+    device, kept between iterations (a new one is built when none is given)."""
+    data = data or TileData()
     steps: list[Steps | None] = [None] * len(lanes)
     by_size: dict[int, list[int]] = {}
     for index, lane in enumerate(lanes):
         by_size.setdefault(lane.batch_size, []).append(index)
     for indices in by_size.values():
-        for index, result in zip(indices, _Lockstep([lanes[i] for i in indices]).run()):
+        for index, result in zip(indices, _Lockstep([lanes[i] for i in indices], data).run()):
             steps[index] = result
     return [s for s in steps if s is not None]
 
@@ -88,12 +93,13 @@ class _Role:
             lane_of.extend([lane] * len(members))
         return cls(individuals, lane_of, first)
 
-    def frozen(self, index: list[int]) -> dict[str, Tensor]:
-        """The members at `index` as opponents: no gradient flows back into them."""
+    def frozen(self, index: list[int], on_device: Tensor) -> dict[str, Tensor]:
+        """The members at `index` (`on_device`: the same, on the device) as opponents: no gradient
+        flows back into them."""
         detached = {k: v.detach() for k, v in self.params.items()}
         if index == list(range(len(self.individuals))):
             return detached  # each member's opponent is its lane's only one (population 1): no copy
-        return gather(detached, _index(index, self.params[self.layout.names[0]].device))
+        return gather(detached, on_device)
 
     def use(self, members: list[int] | None, active: list[bool]) -> BufferUse | None:
         """The buffers that a stacked call of these members advances (None: the networks keep none)."""
@@ -108,158 +114,237 @@ class _Role:
                 ind.loss = self.last_loss[member]  # type: ignore[assignment]
 
 
-@dataclass
-class _Draws:
-    """One role's draws for one batch, member by member (inactive members hold placeholders)."""
+class _Tables:
+    """Every lane's plan as per-step tables over the tile's members, sent to the device in one
+    copy per iteration (inactive entries point at row 0 and are masked out). The host keeps what
+    its decisions need: who is active, each member's loss and opponent."""
 
-    active: list[bool]
-    opponents: list[int]
-    noise: list[Tensor | None]
-    labels: list[Tensor | None]
-    eps: list[Tensor | None]
-    losses: list[str]
-
-
-class _Draw:
-    """Each lane's draws for one batch, from its own random streams in `Training.run`'s order."""
-
-    def __init__(self, lanes: list[Lane], g: _Role, d: _Role, batches: list[int], steps: list[Steps]) -> None:
-        self.lanes, self.g, self.d, self.batches, self.steps = lanes, g, d, batches, steps
-        self.config = lanes[0].training.config
-        self.size = lanes[0].batch_size
-
-    def batch(self, step: int) -> tuple[list[Tensor | None], list[Tensor | None], _Draws, _Draws]:
-        """Every lane's real batch (None once it has done its batches) and both roles' draws."""
-        config = self.config
-        g, d = _empty(len(self.g.individuals)), _empty(len(self.d.individuals))
-        reals: list[Tensor | None] = []
-        real_labels: list[Tensor | None] = []
-        skip = config.discriminator_skip_each_nth_step
-        for index, lane in enumerate(self.lanes):
-            if step >= self.batches[index]:
-                reals.append(None)
-                real_labels.append(None)
-                continue
-            training = lane.training
-            real, labels = training.data.next_batch(config.batch_size)
-            reals.append(real)
-            real_labels.append(labels)
-            loss_name = config.losses[int(training.rng.integers(len(config.losses)))]
-            self.steps[index].losses_used[loss_name] += 1
-            if loss_name != "wgan_gp" or step % config.n_critic == 0:
-                for member in range(self.g.first[index], self.g.first[index] + len(lane.generators)):
-                    self._mutate(self.g, member, training)
-                    g.active[member], g.losses[member] = True, loss_name
-                    g.opponents[member] = self.d.first[index] + int(training.rng.integers(len(lane.discriminators)))
-                    if labels is not None:
-                        g.labels[member] = training.data.sampled_labels(self.size)
-                    g.noise[member] = training.noise(self.size)
-            if skip == 0 or step % (skip + 1) == 0:
-                for member in range(self.d.first[index], self.d.first[index] + len(lane.discriminators)):
-                    self._mutate(self.d, member, training)
-                    d.active[member], d.losses[member] = True, loss_name
-                    d.opponents[member] = self.g.first[index] + int(training.rng.integers(len(lane.generators)))
-                    d.noise[member] = training.noise(self.size)
-                    d.labels[member] = labels
-                    if get_loss(loss_name).gp_weight:  # gradient_penalty's draw, on the same stream
-                        shape = (self.size,) + (1,) * (real.dim() - 1)
-                        rng = training.torch_rng
-                        d.eps[member] = torch.rand(shape, generator=rng, device=rng.device).to(real)
-        return reals, real_labels, g, d
-
-    def _mutate(self, role: _Role, member: int, training: Training) -> None:
-        mutation = self.config.mutation
-        (role.rates[member],) = mutate_learning_rates(
-            [role.rates[member]], self.config.learning_rate, mutation.probability, mutation.alpha, training.rng
+    def __init__(self, lanes: list[Lane], plans: list[IterationPlan], g: _Role, d: _Role, data: TileData) -> None:
+        self.count = max(len(plan.steps) for plan in plans)
+        samples, labels, offsets = data.of(lanes)
+        self.samples, self.labels = samples, labels
+        noise_rows = _offsets([len(plan.noise) for plan in plans])
+        label_rows = _offsets([0 if plan.label_draws is None else len(plan.label_draws) for plan in plans])
+        eps_rows = _offsets([0 if plan.eps is None else len(plan.eps) for plan in plans])
+        self.noise = torch.cat([plan.noise for plan in plans])
+        epses = [plan.eps for plan in plans if plan.eps is not None]
+        self.eps = torch.cat(epses) if epses else None
+        size = plans[0].size
+        g_shape, d_shape = (self.count, len(g.individuals)), (self.count, len(d.individuals))
+        self.g_active, self.d_active = np.zeros(g_shape, bool), np.zeros(d_shape, bool)
+        self.g_losses = [[""] * len(g.individuals) for _ in range(self.count)]
+        self.d_losses = [[""] * len(d.individuals) for _ in range(self.count)]
+        dims = {
+            "g_opponent": g_shape,
+            "g_noise": g_shape,
+            "g_label": (*g_shape, size),
+            "d_opponent": d_shape,
+            "d_noise": d_shape,
+            "d_eps": d_shape,
+            "d_real": (*d_shape, size),
+        }
+        long = {name: np.zeros(shape, np.int64) for name, shape in dims.items()}
+        self.rates = {"g": np.zeros(g_shape), "d": np.zeros(d_shape)}
+        for lane, plan in enumerate(plans):
+            for step, drawn in enumerate(plan.steps):
+                for k, move in enumerate(drawn.generators):
+                    member = g.first[lane] + k
+                    self.g_active[step, member], self.g_losses[step][member] = True, drawn.loss
+                    long["g_opponent"][step, member] = d.first[lane] + move.opponent
+                    long["g_noise"][step, member] = noise_rows[lane] + move.noise
+                    if move.labels is not None and plan.label_draws is not None:
+                        long["g_label"][step, member] = plan.label_draws[move.labels] + offsets[lane]
+                    self.rates["g"][step, member] = move.rate
+                for k, move in enumerate(drawn.discriminators):
+                    member = d.first[lane] + k
+                    self.d_active[step, member], self.d_losses[step][member] = True, drawn.loss
+                    long["d_opponent"][step, member] = g.first[lane] + move.opponent
+                    long["d_noise"][step, member] = noise_rows[lane] + move.noise
+                    if move.eps is not None:
+                        long["d_eps"][step, member] = eps_rows[lane] + move.eps
+                    self.rates["d"][step, member] = move.rate
+                for k in range(len(lanes[lane].discriminators)):  # each member sees its lane's batch
+                    long["d_real"][step, d.first[lane] + k] = plan.batches[step] + offsets[lane]
+        del label_rows  # a plan's label rows are its own: read above through plan.label_draws
+        self.g_opponents = long["g_opponent"].tolist()
+        self.d_opponents = long["d_opponent"].tolist()
+        # The integer tables and the masks each in one copy to the device, then cut into views.
+        device = samples.device
+        self.on_device = _views(
+            upload(torch.from_numpy(np.concatenate([v.ravel() for v in long.values()])), device), long
         )
+        masks = {"g": self.g_active, "d": self.d_active}
+        flat = upload(torch.from_numpy(np.concatenate([m.ravel() for m in masks.values()])), device)
+        self.active_on = _views(flat, masks)
+
+
+def _views(flat: Tensor, shapes: dict[str, np.ndarray]) -> dict[str, Tensor]:
+    """`flat` (the arrays of `shapes` raveled one after another) cut back into one view each."""
+    out, start = {}, 0
+    for name, value in shapes.items():
+        out[name] = flat[start : start + value.size].view(value.shape)
+        start += value.size
+    return out
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    """Where each of consecutive blocks of these sizes starts."""
+    out, total = [], 0
+    for count in counts:
+        out.append(total)
+        total += count
+    return out
+
+
+class TileData:
+    """A tile's training data on its device as one tensor (the lanes' datasets side by side, each
+    once however many lanes share it), with each lane's offset into it. Kept between iterations:
+    a tile builds it once, and again only when a lane's data changes (a relocated cell)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, ...] | None = None
+        self._value: tuple[Tensor, Tensor | None, list[int]] | None = None
+
+    def of(self, lanes: list[Lane]) -> tuple[Tensor, Tensor | None, list[int]]:
+        key = tuple(id(lane.training.data) for lane in lanes)
+        if key != self._key or self._value is None:
+            self._key, self._value = key, self._build([lane.training.data for lane in lanes])
+        return self._value
+
+    @staticmethod
+    def _build(datas: list[CellData]) -> tuple[Tensor, Tensor | None, list[int]]:
+        unique: dict[int, int] = {}  # a dataset tensor's id → its offset in the tile's tensor
+        parts: list[CellData] = []
+        offsets, total = [], 0
+        for data in datas:
+            if id(data.samples) not in unique:
+                unique[id(data.samples)] = total
+                parts.append(data)
+                total += len(data.samples)
+            offsets.append(unique[id(data.samples)])
+        if len(parts) == 1:  # one dataset for every lane (no regions): itself, no copy
+            return parts[0].samples, parts[0].labels, offsets
+        samples = torch.cat([data.samples for data in parts])
+        labels = None if parts[0].labels is None else torch.cat([data.labels for data in parts])  # type: ignore[misc]
+        return samples, labels, offsets
 
 
 class _Lockstep:
-    """Lanes with one batch size, stepped together."""
+    """Lanes with one batch size, stepped together on their plans."""
 
-    def __init__(self, lanes: list[Lane]) -> None:
+    def __init__(self, lanes: list[Lane], data: TileData) -> None:
         self.config = lanes[0].training.config
         self.g = _Role.of([lane.generators for lane in lanes])
         self.d = _Role.of([lane.discriminators for lane in lanes])
         self.scales = [decay_factor(self.config.decay, lane.iteration / self.config.iterations) for lane in lanes]
-        self.batches = [lane.training.batches_per_iteration() for lane in lanes]
-        self.steps = [Steps() for _ in lanes]
-        self.draws = _Draw(lanes, self.g, self.d, self.batches, self.steps)
+        self.plans = [lane.training.plan(lane.generators, lane.discriminators) for lane in lanes]
+        self.steps = [Steps(losses_used=Counter(plan.losses_used)) for plan in self.plans]
         self.device = self.g.params[self.g.layout.names[0]].device
-        self.d_lanes = _index(self.d.lane_of, self.device)
+        self.tables = _Tables(lanes, self.plans, self.g, self.d, data)
+        # Each step's rates × its lane's decay, for every member, in one copy.
+        scaled = {
+            role: self.tables.rates[role] * np.array([self.scales[lane] for lane in members.lane_of])
+            for role, members in (("g", self.g), ("d", self.d))
+        }
+        self.rates = _views(
+            upload(torch.from_numpy(np.concatenate([v.ravel() for v in scaled.values()])), self.device), scaled
+        )
         self.g_losses: list[tuple[Tensor, list[bool]]] = []
         self.d_losses: list[tuple[Tensor, list[bool]]] = []
 
     def run(self) -> list[Steps]:
-        for step in range(max(self.batches)):
-            reals, labels, g_draws, d_draws = self.draws.batch(step)
-            if any(g_draws.active):
-                self.g_losses.append((self._generator_step(g_draws), g_draws.active))
-            if any(d_draws.active):
-                self.d_losses.append((self._discriminator_step(d_draws, reals, labels), d_draws.active))
+        tables = self.tables
+        for step in range(tables.count):
+            g_active, d_active = tables.g_active[step].tolist(), tables.d_active[step].tolist()
+            if any(g_active):
+                self.g_losses.append((self._generator_step(step, g_active), g_active))
+            if any(d_active):
+                self.d_losses.append((self._discriminator_step(step, d_active), d_active))
+        self._last_moves()
         self.g.write_back(self.scales)
         self.d.write_back(self.scales)
         self._collect(self.g, self.g_losses, "generator")
         self._collect(self.d, self.d_losses, "discriminator")
         return self.steps
 
+    def _last_moves(self) -> None:
+        """Each member's rate and loss as its last step left them (Training.run's order)."""
+        tables = self.tables
+        for name, role, active, losses in (
+            ("g", self.g, tables.g_active, tables.g_losses),
+            ("d", self.d, tables.d_active, tables.d_losses),
+        ):
+            for member in range(len(role.individuals)):
+                stepped = np.flatnonzero(active[:, member])
+                if len(stepped):
+                    role.rates[member] = float(tables.rates[name][stepped[-1], member])
+                    role.last_loss[member] = losses[stepped[-1]][member]
+
     # ---- the stacked steps ---------------------------------------------------------------------
 
-    def _generator_step(self, draws: _Draws) -> Tensor:
-        z = _stacked(draws.noise)
-        labels = _stacked_labels(draws.labels)
-        fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, draws.active))
-        opponents = self.d.frozen(draws.opponents)
-        logits = self.d.layout.forward(opponents, fake, labels, self.d.use(draws.opponents, draws.active))
-        values = _per_member(draws.losses, lambda loss, rows, _: loss.generator(_rows(logits, rows)), self.device)
-        self._update(self.g, values, draws)
+    def _generator_step(self, step: int, active: list[bool]) -> Tensor:
+        tables, index = self.tables, self.tables.on_device
+        z = tables.noise[index["g_noise"][step]]
+        labels = None if tables.labels is None else tables.labels[index["g_label"][step]]
+        fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, active))
+        opponents = tables.g_opponents[step]
+        params = self.d.frozen(opponents, index["g_opponent"][step])
+        logits = self.d.layout.forward(params, fake, labels, self.d.use(opponents, active))
+        losses = tables.g_losses[step]
+        values = _per_member(losses, lambda loss, rows, _: loss.generator(_rows(logits, rows)), self.device)
+        self._update(self.g, values, active, tables.active_on["g"][step], self.rates["g"][step])
         return values.detach()
 
-    def _discriminator_step(
-        self, draws: _Draws, reals: list[Tensor | None], real_labels: list[Tensor | None]
-    ) -> Tensor:
-        z = _stacked(draws.noise)
-        labels = _stacked_labels(draws.labels)
-        real = _stacked(reals)[self.d_lanes]  # each member's lane's batch
+    def _discriminator_step(self, step: int, active: list[bool]) -> Tensor:
+        tables, index = self.tables, self.tables.on_device
+        z = tables.noise[index["d_noise"][step]]
+        batch = index["d_real"][step]
+        real = tables.samples[batch]  # each member's lane's batch
+        labels = None if tables.labels is None else tables.labels[batch]
+        opponents = tables.d_opponents[step]
         with torch.no_grad():
-            opponents = self.g.frozen(draws.opponents)
-            fake = self.g.layout.forward(opponents, z, labels, self.g.use(draws.opponents, draws.active))
+            params = self.g.frozen(opponents, index["d_opponent"][step])
+            fake = self.g.layout.forward(params, z, labels, self.g.use(opponents, active))
         # Real then fake, each its own forward: a cell's D runs twice, BatchNorm and spectral norm included.
-        own = self.d.use(None, draws.active)
+        own = self.d.use(None, active)
         real_logits = self.d.layout.forward(self.d.params, real, labels, own)
         fake_logits = self.d.layout.forward(self.d.params, fake, labels, own)
 
         def loss_of(loss: GanLoss, rows: Tensor | None, members: list[int]) -> Tensor:
             value = loss.discriminator_from_logits(_rows(real_logits, rows), _rows(fake_logits, rows))
             if loss.gp_weight:
-                value = value + loss.gp_weight * self._penalty(draws, rows, members, real, fake, labels)
+                value = value + loss.gp_weight * self._penalty(step, active, rows, members, real, fake, labels)
             return value
 
-        values = _per_member(draws.losses, loss_of, self.device)
-        self._update(self.d, values, draws)
+        values = _per_member(tables.d_losses[step], loss_of, self.device)
+        self._update(self.d, values, active, tables.active_on["d"][step], self.rates["d"][step])
         return values.detach()
 
     def _penalty(
-        self, draws: _Draws, rows: Tensor | None, members: list[int], real: Tensor, fake: Tensor, labels: Tensor | None
+        self,
+        step: int,
+        active: list[bool],
+        rows: Tensor | None,
+        members: list[int],
+        real: Tensor,
+        fake: Tensor,
+        labels: Tensor | None,
     ) -> Tensor:
         """WGAN-GP's E[(‖∇D(x̂)‖₂ − 1)²] per member, as nn.losses.gradient_penalty computes it for one."""
+        assert self.tables.eps is not None, "a plan with a penalty draws its interpolations"
         rows = rows if rows is not None else torch.arange(len(real), device=self.device)
-        eps = torch.stack([draws.eps[m] for m in members])  # type: ignore[misc]
+        eps = self.tables.eps[self.tables.on_device["d_eps"][step][rows]].to(real)
         labels = None if labels is None else labels[rows]
-        use = self.d.use(members, [draws.active[m] for m in members])
+        use = self.d.use(members, [active[m] for m in members])
         params = gather(self.d.params, rows)
         return stacked_gradient_penalty(self.d.layout, params, real[rows], fake[rows], eps, labels, use)
 
-    def _update(self, role: _Role, values: Tensor, draws: _Draws) -> None:
-        everyone = all(draws.active)
-        active = None if everyone else _on(self.device, draws.active, torch.bool)
-        total = values.sum() if everyone else (values * active).sum()
+    def _update(self, role: _Role, values: Tensor, active: list[bool], on_device: Tensor, rates: Tensor) -> None:
+        everyone = all(active)
+        mask = None if everyone else on_device
+        total = values.sum() if everyone else (values * mask).sum()
         grads = torch.autograd.grad(total, list(role.params.values()))
-        rates = [rate * self.scales[lane] for rate, lane in zip(role.rates, role.lane_of)]
-        role.adam.step(dict(zip(role.params, grads)), _on(self.device, rates, torch.float64), active)
-        for member, on in enumerate(draws.active):
-            if on:
-                role.last_loss[member] = draws.losses[member]
+        role.adam.step(dict(zip(role.params, grads)), rates, mask)
 
     def _collect(self, role: _Role, history: list[tuple[Tensor, list[bool]]], name: str) -> None:
         """Each lane's step losses in Training.run's order (step by step, member by member)."""
@@ -267,12 +352,6 @@ class _Lockstep:
             for member, value in enumerate(values.unbind()):
                 if active[member]:
                     getattr(self.steps[role.lane_of[member]], name).append(value)
-
-
-def _empty(members: int) -> _Draws:
-    return _Draws(
-        [False] * members, [0] * members, [None] * members, [None] * members, [None] * members, [""] * members
-    )
 
 
 def _on(device: torch.device, values: list, dtype: torch.dtype) -> Tensor:
@@ -283,16 +362,6 @@ def _on(device: torch.device, values: list, dtype: torch.dtype) -> Tensor:
 
 def _index(values: list[int], device: torch.device) -> Tensor:
     return _on(device, values, torch.long)
-
-
-def _stacked(parts: list[Tensor | None]) -> Tensor:
-    """Members' tensors stacked; inactive members' (None) as zeros, masked out later."""
-    like = next(p for p in parts if p is not None)
-    return torch.stack([like.new_zeros(like.shape) if p is None else p for p in parts])
-
-
-def _stacked_labels(parts: list[Tensor | None]) -> Tensor | None:
-    return None if all(p is None for p in parts) else _stacked(parts)
 
 
 def _rows(values: Tensor, rows: Tensor | None) -> Tensor:

@@ -11,11 +11,11 @@ import torch
 
 from palomino.coevolution.cell_data import CellData
 from palomino.coevolution.individual import Individual
-from palomino.coevolution.mutation import mutate_learning_rates
+from palomino.coevolution.plan import IterationPlan, draw_plan
 from palomino.coevolution.schedule import decay_factor
 from palomino.config import TrainingConfig
 from palomino.nn import apply, get_loss
-from palomino.nn.losses import GanLoss
+from palomino.nn.host import upload
 
 
 @dataclass
@@ -36,9 +36,15 @@ class Training:
     rng: np.random.Generator
     torch_rng: torch.Generator
     noise: Callable[[int], torch.Tensor]
+    latent_dim: int
 
     def batches_per_iteration(self) -> int:
         return self.config.batches_per_iteration or max(1, len(self.data) // self.config.batch_size)
+
+    def plan(self, new_g: list[Individual], new_d: list[Individual]) -> IterationPlan:
+        """This iteration's draws, from the cell's streams in the order the steps use them."""
+        rates = ([ind.learning_rate for ind in new_g], [ind.learning_rate for ind in new_d])
+        return draw_plan(self.config, self.data, self.rng, self.torch_rng, self.latent_dim, rates)
 
     def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int) -> Steps:
         """Each batch: every selected generator steps against a random selected discriminator,
@@ -47,51 +53,39 @@ class Training:
         which adapt to each other, not the neighbours' frozen snapshots).
 
         Conditional networks: the generator's labels are drawn from the class priors; the
-        discriminator sees the real batch with its labels and fakes made with the same labels."""
+        discriminator sees the real batch with its labels and fakes made with the same labels.
+        Every draw comes from the iteration's plan (plan.py), which a tile executes too."""
         training = self.config
         scale = decay_factor(training.decay, iteration / training.iterations)
         params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
-        losses = {name: get_loss(name) for name in training.losses}
+        plan = self.plan(new_g, new_d)
+        device = self.data.device
+        batches = upload(torch.from_numpy(plan.batches), device)  # the iteration's batches in one copy
+        label_rows = None if plan.label_draws is None else upload(torch.from_numpy(plan.label_draws), device)
         steps = Steps()
-        skip = training.discriminator_skip_each_nth_step
-        for step in range(self.batches_per_iteration()):
-            real, real_labels = self.data.next_batch(training.batch_size)
-            loss_name = training.losses[int(self.rng.integers(len(training.losses)))]
-            steps.losses_used[loss_name] += 1
-            # WGAN-GP: the critic takes n_critic steps per generator step.
-            if loss_name != "wgan_gp" or step % training.n_critic == 0:
-                for ind in new_g:
-                    self._mutate(ind, scale)
-                    opponent = new_d[int(self.rng.integers(len(new_d)))]
-                    value = self._generator_loss(ind, opponent, losses[loss_name], real.shape[0], real_labels)
-                    steps.generator.append(_step(ind, value, params[id(ind)], loss_name))
-            if skip == 0 or step % (skip + 1) == 0:
-                for ind in new_d:
-                    self._mutate(ind, scale)
-                    opponent = new_g[int(self.rng.integers(len(new_g)))]
-                    with torch.no_grad():
-                        fake = apply(opponent.network, self.noise(real.shape[0]), real_labels)
-                    value = losses[loss_name].discriminator(
-                        ind.network, real, fake, generator=self.torch_rng, labels=real_labels
-                    )
-                    steps.discriminator.append(_step(ind, value, params[id(ind)], loss_name))
+        for step, drawn in enumerate(plan.steps):
+            real, real_labels = self.data.take(batches[step])
+            loss = get_loss(drawn.loss)
+            steps.losses_used[drawn.loss] += 1
+            for ind, move in zip(new_g, drawn.generators):
+                ind.set_learning_rate(move.rate, scale)
+                opponent = new_d[move.opponent]
+                labels = None
+                if move.labels is not None and label_rows is not None and self.data.labels is not None:
+                    labels = self.data.labels[label_rows[move.labels]]
+                value = loss.generator(
+                    apply(opponent.network, apply(ind.network, plan.noise[move.noise], labels), labels)
+                )
+                steps.generator.append(_step(ind, value, params[id(ind)], drawn.loss))
+            for ind, move in zip(new_d, drawn.discriminators):
+                ind.set_learning_rate(move.rate, scale)
+                opponent = new_g[move.opponent]
+                with torch.no_grad():
+                    fake = apply(opponent.network, plan.noise[move.noise], real_labels)
+                eps = None if move.eps is None or plan.eps is None else plan.eps[move.eps]
+                value = loss.discriminator(ind.network, real, fake, labels=real_labels, eps=eps)
+                steps.discriminator.append(_step(ind, value, params[id(ind)], drawn.loss))
         return steps
-
-    def _mutate(self, ind: Individual, scale: float) -> None:
-        """Mutate the learning rate before each step, as Lipizzaner does; the step takes it × `scale`."""
-        mutation = self.config.mutation
-        (rate,) = mutate_learning_rates(
-            [ind.learning_rate], self.config.learning_rate, mutation.probability, mutation.alpha, self.rng
-        )
-        ind.set_learning_rate(rate, scale)
-
-    def _generator_loss(
-        self, ind: Individual, opponent: Individual, loss: GanLoss, n: int, real_labels: torch.Tensor | None
-    ) -> torch.Tensor:
-        if real_labels is None:
-            return loss.generator(opponent.network(ind.network(self.noise(n))))
-        labels = self.data.sampled_labels(n)
-        return loss.generator(opponent.network(ind.network(self.noise(n), labels), labels))
 
 
 def _step(ind: Individual, value: torch.Tensor, params: list[torch.Tensor], loss_name: str) -> torch.Tensor:

@@ -44,11 +44,13 @@ class GanLoss:
         penalty: bool = True,
         generator: torch.Generator | None = None,
         labels: Tensor | None = None,
+        eps: Tensor | None = None,
     ) -> Tensor:
         """Discriminator's loss on a batch. `fake` is detached: this loss trains D only.
 
         `penalty=False` skips any gradient penalty (cheap fitness evaluation); `generator`
-        seeds the penalty's randomness (WGAN-GP's interpolation), for deterministic runs.
+        seeds the penalty's randomness (WGAN-GP's interpolation), for deterministic runs, unless
+        `eps` gives the interpolation itself (drawn ahead, as a cell's iteration plan does).
         `labels`: a conditional D's labels, shared by `real` and `fake` (fakes are generated
         with the real batch's labels, so a penalty's interpolated pairs have one label).
         """
@@ -59,7 +61,7 @@ class GanLoss:
             loss = self.discriminator_from_logits(D(real, labels), D(fake, labels))
         if penalty and self.gp_weight:
             critic = D if labels is None else (lambda x: D(x, labels[: len(x)]))
-            loss = loss + self.gp_weight * gradient_penalty(critic, real, fake, generator=generator)
+            loss = loss + self.gp_weight * gradient_penalty(critic, real, fake, generator=generator, eps=eps)
         return loss
 
 
@@ -111,14 +113,21 @@ class WGANGPLoss(GanLoss):
 
 
 def gradient_penalty(
-    D: nn.Module | Callable[[Tensor], Tensor], real: Tensor, fake: Tensor, *, generator: torch.Generator | None = None
+    D: nn.Module | Callable[[Tensor], Tensor],
+    real: Tensor,
+    fake: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    eps: Tensor | None = None,
 ) -> Tensor:
     """E[(‖∇D(x̂)‖₂ − 1)²] on x̂ drawn uniformly on the segments between paired real and fake samples."""
     n = min(len(real), len(fake))  # pair what we have: fitness batches may differ in size
     real, fake = real[:n].detach(), fake[:n].detach()
     # Draw on the generator's device (a CPU generator cannot fill a CUDA tensor), then move.
-    device = generator.device if generator is not None else real.device
-    eps = torch.rand((n,) + (1,) * (real.dim() - 1), generator=generator, device=device).to(real)
+    if eps is None:
+        device = generator.device if generator is not None else real.device
+        eps = torch.rand((n,) + (1,) * (real.dim() - 1), generator=generator, device=device)
+    eps = eps[:n].to(real)
     x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
     # create_graph: the penalty itself is differentiated when D takes its step.
     (grad,) = torch.autograd.grad(D(x_hat).sum(), x_hat, create_graph=True)
