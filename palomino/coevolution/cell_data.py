@@ -65,6 +65,7 @@ class CellData:
 
     def __init__(self, dataset: Dataset, rng: np.random.Generator, device: torch.device, *, labelled: bool) -> None:
         self.rng, self.device = rng, device
+        self.source = dataset.samples  # what `samples` was copied from: a tile keeps one copy of each
         self.samples = dataset.samples.to(device)
         # Labels only for a conditional network (`labelled`): an unconditional one never sees them.
         self.labels: torch.Tensor | None = None

@@ -202,27 +202,28 @@ class TileData:
     a tile builds it once, and again only when a lane's data changes (a relocated cell)."""
 
     def __init__(self) -> None:
-        self._key: tuple[int, ...] | None = None
+        self._datas: list[CellData] = []  # held, so that no other object can take their ids
         self._value: tuple[Tensor, Tensor | None, list[int]] | None = None
 
     def of(self, lanes: list[Lane]) -> tuple[Tensor, Tensor | None, list[int]]:
-        key = tuple(id(lane.training.data) for lane in lanes)
-        if key != self._key or self._value is None:
-            self._key, self._value = key, self._build([lane.training.data for lane in lanes])
+        datas = [lane.training.data for lane in lanes]
+        same = len(datas) == len(self._datas) and all(a is b for a, b in zip(datas, self._datas))
+        if not same or self._value is None:
+            self._datas, self._value = datas, self._build(datas)
         return self._value
 
     @staticmethod
     def _build(datas: list[CellData]) -> tuple[Tensor, Tensor | None, list[int]]:
-        unique: dict[int, int] = {}  # a dataset tensor's id → its offset in the tile's tensor
+        unique: dict[int, int] = {}  # the host dataset a lane's data came from → its offset in the tile's
         parts: list[CellData] = []
         offsets, total = [], 0
         for data in datas:
-            if id(data.samples) not in unique:
-                unique[id(data.samples)] = total
+            if id(data.source) not in unique:
+                unique[id(data.source)] = total
                 parts.append(data)
                 total += len(data.samples)
-            offsets.append(unique[id(data.samples)])
-        if len(parts) == 1:  # one dataset for every lane (no regions): itself, no copy
+            offsets.append(unique[id(data.source)])
+        if len(parts) == 1:  # one dataset for every lane (no regions): the first lane's, no copy
             return parts[0].samples, parts[0].labels, offsets
         samples = torch.cat([data.samples for data in parts])
         labels = None if parts[0].labels is None else torch.cat([data.labels for data in parts])  # type: ignore[misc]
