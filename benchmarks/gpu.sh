@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22's GPU figures in one call on a lent GPU host (its python has torch and nothing else of
+# The GPU figures (issues 22, 34) in one call on a lent GPU host (its python has torch and nothing else of
 # ours): the tile's steps for K = 1 … 576 MNIST perceptron cells, a 12×12 grid's whole iterations by
 # phase, the tile's steps for K = 1, 9, 36 MNIST DCGANs (width 64), the referee's baselines stacked,
 # and the one-cell loop for reference. Tables go to stdout and to $OUT (or ./gpu-out).
@@ -40,10 +40,10 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PALOMINO_DATA_DIR=${PALOMINO_DATA_DIR:-$PWD/.data}
-if [ -n "${QUICK:-}" ]; then  # a smoke test of this script, not a measurement
-  cells=(1 9) batches=5 grid=2 iterations=1 rounds=1
+if [ -n "${QUICK:-}" ]; then  # a smoke test of this script (tests/test_gpu_script.py), not a measurement
+  cells=(1 4 9) batches=2 grid=2 iterations=1 rounds=1 width=8
 else
-  cells=(1 9 36 144 576) batches=100 grid=12 iterations=3 rounds=3
+  cells=(1 9 36 144 576) batches=100 grid=12 iterations=3 rounds=3 width=64
 fi
 python3 - <<'PY' | tee "$out/device.txt"
 import torch
@@ -56,7 +56,9 @@ run() {  # name, then the command: its output to the screen and to $out/<name>.t
 }
 run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"
-run tiles-dcgan python3 benchmarks/tiles.py --model dcgan --cells "${cells[@]:0:3}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
+run tiles-dcgan python3 benchmarks/tiles.py --model dcgan --width "$width" --cells "${cells[@]:0:3}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run baselines python3 benchmarks/tiles.py --model ring --cells --baselines "${cells[@]:0:4}" --batches $((batches * 2)) --rounds "$rounds" --device "$DEVICE"
 run step-throughput python3 benchmarks/step_throughput.py --device "$DEVICE" --batches "$batches" --rounds "$rounds" --network mlp
+# Ops and host syncs of one whole iteration (the same on any device: counted, not timed).
+run tiles-count python3 benchmarks/tiles.py --count-ops --cells "${cells[@]:0:3}" --batches "$batches" --device "$DEVICE" --json "$out/tiles-count.json"
 echo "== tables in $out"
