@@ -33,8 +33,8 @@ def _kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
     """The mean of the Gaussian kernels at these bandwidths (float64, on the device: no read-back
     before the kernels), in two buffers the size of `d2`."""
     total, part = torch.zeros_like(d2), torch.empty_like(d2)
-    for h in bandwidths.unbind():
-        torch.mul(d2, -1.0 / (2 * h * h), out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
+    for coefficient in (-1.0 / (2 * bandwidths * bandwidths)).unbind():
+        torch.mul(d2, coefficient, out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
         total.add_(part)
     return total.div_(len(bandwidths))
 
