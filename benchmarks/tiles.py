@@ -188,7 +188,7 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     cells = make_cells(config, dataset)
     tile = Tile(cells)
     phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
-    originals = {name: getattr(Cell, name) for name in ("select", "complete")}
+    originals = _phases_of_cell()
     import palomino.coevolution.tile as tile_module
 
     train_original = tile_module.train_tile
@@ -205,9 +205,12 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
 
     seen = neighbourhoods(cells)
     tile.iterate(seen)  # warm-up iteration
+    fitness_original = getattr(Tile, "_fitness", None)
     for name, fn in originals.items():
-        setattr(Cell, name, timed(name, fn))
+        setattr(Cell, name, timed(PHASE_OF[name], fn))
     tile_module.train_tile = timed("train", train_original)
+    if fitness_original is not None:
+        Tile._fitness = timed("select", fitness_original)
     try:
         total = 0.0
         for _ in range(args.iterations):
@@ -221,6 +224,8 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
         for name, fn in originals.items():
             setattr(Cell, name, fn)
         tile_module.train_tile = train_original
+        if fitness_original is not None:
+            Tile._fitness = fitness_original
     per = total / args.iterations
     iterations = math.ceil(args.project / args.batches)
     print(
@@ -251,6 +256,12 @@ class OpCounter(TorchDispatchMode):
 
 
 PHASES = ("exchange", "select", "train", "complete", "other")
+# The cell's methods a tile calls, by phase (select was one method before the tile batched fitness).
+PHASE_OF = {"select": "select", "prepare": "select", "choose": "select", "complete": "complete"}
+
+
+def _phases_of_cell() -> dict[str, Callable]:
+    return {name: getattr(Cell, name) for name in PHASE_OF if hasattr(Cell, name)}
 
 
 def count_iteration(cells: list[Cell]) -> dict:
@@ -280,11 +291,13 @@ def count_iteration(cells: list[Cell]) -> dict:
 
         return wrapper
 
-    originals = {name: getattr(Cell, name) for name in ("select", "complete")}
-    train_original = tile_module.train_tile
+    originals = _phases_of_cell()
+    train_original, fitness_original = tile_module.train_tile, getattr(Tile, "_fitness", None)
     for name, fn in originals.items():
-        setattr(Cell, name, phased(name, fn))
+        setattr(Cell, name, phased(PHASE_OF[name], fn))
     tile_module.train_tile = phased("train", train_original)
+    if fitness_original is not None:
+        Tile._fitness = phased("select", fitness_original)
     try:
         with counter:
             if host is not None:
@@ -298,6 +311,8 @@ def count_iteration(cells: list[Cell]) -> dict:
         for name, fn in originals.items():
             setattr(Cell, name, fn)
         tile_module.train_tile = train_original
+        if fitness_original is not None:
+            Tile._fitness = fitness_original
     syncs = {p: reads[p] for p in PHASES} if host is not None else None
     return {"ops": {p: counter.ops[p] for p in PHASES}, "syncs": syncs, "uploads": dict(uploads)}
 

@@ -20,6 +20,7 @@ from palomino.coevolution.individual import Individual, Population, Role
 from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights
 from palomino.coevolution.networks import NeighbourSlots, Networks
 from palomino.coevolution.selection import neighbourhood_select, replace
+from palomino.coevolution.tile_fitness import FitnessJob
 from palomino.coevolution.training import Steps, Training
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset, label_count
@@ -149,38 +150,66 @@ class Cell:
 
     def select(self, neighbours: Mapping[Coord, Snapshot]) -> Selected:
         """The iteration up to training: fitness over the neighbourhood, then selection.
-        (A tile calls this for each of its cells, trains them all at once, then `complete`.)"""
+        (A tile calls `prepare` and `choose` for each of its cells around one batched fitness,
+        trains them all at once, then calls `complete`.)"""
+        prepared = self.prepare(neighbours)
+        return self.choose(prepared, *self.fitness(prepared))
+
+    def prepare(self, neighbours: Mapping[Coord, Snapshot]) -> Prepared:
+        """The neighbourhood as individuals and the iteration's fitness draw: one shared draw of
+        noise and real data (a conditional network's fakes take the real draw's labels: one draw
+        from the priors, and pairs of one class)."""
         others = [Coord(*c) for c in self.topology.neighbours(self.coord) if Coord(*c) in neighbours]
         foreign_g = [self._from_snapshot(neighbours[c], "generator") for c in others]
         foreign_d = [self._from_snapshot(neighbours[c], "discriminator") for c in others]
-        all_g = [*self.generators, *foreign_g]
-        all_d = [*self.discriminators, *foreign_d]
+        heard = {str(c): neighbours[c].iteration for c in others}
+        all_g, all_d = [*self.generators, *foreign_g], [*self.discriminators, *foreign_d]
+        return Prepared(others, foreign_g, all_g, all_d, self._fitness_draw(), heard)
 
-        # Fitness: all-vs-all on one shared draw of noise and real data (a conditional network's
-        # fakes take the real draw's labels: one draw from the priors, and pairs of one class).
-        # Where neighbours never enter selection (migration 0), only the cell's own individuals
-        # need a fitness: against every neighbour, as always.
-        draw = self._fitness_draw()
-        fakes = self._generate(all_g, draw.z, draw.labels)
+    def fitness(self, prepared: Prepared) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """(fakes, generator table, discriminator table) of the neighbourhood, all against all.
+        Where neighbours never enter selection (migration 0), only the cell's own individuals
+        need a fitness: against every neighbour, as always."""
+        draw = prepared.draw
+        fakes = self._generate(prepared.all_g, draw.z, draw.labels)
         alone = self.config.training.selection.migration == 0
         g_table, d_table = fitness_tables(
             fakes,
-            [d.network for d in all_d],
+            [d.network for d in prepared.all_d],
             draw.real,
             self.fitness_loss,
             draw.labels,
             generators=len(self.generators) if alone else None,
             critics=len(self.discriminators) if alone else None,
         )
+        return fakes, g_table, d_table
+
+    def fitness_job(self, prepared: Prepared) -> FitnessJob:
+        """What `fitness` evaluates, for a tile to evaluate with its other cells' (tile_fitness.py)."""
+        draw = prepared.draw
+        alone = self.config.training.selection.migration == 0
+        return FitnessJob(
+            [g.network for g in prepared.all_g],
+            [d.network for d in prepared.all_d],
+            draw.z,
+            draw.real,
+            draw.labels,
+            self.fitness_loss,
+            generators_needed=len(self.generators) if alone else None,
+            critics_needed=len(self.discriminators) if alone else None,
+        )
+
+    def choose(
+        self, prepared: Prepared, fakes: list[torch.Tensor], g_table: torch.Tensor, d_table: torch.Tensor
+    ) -> Selected:
+        """Selection over the neighbourhood (or, when no one migrates this iteration, the cell
+        alone) builds the new local populations, which train against each other."""
+        all_g, all_d = prepared.all_g, prepared.all_d
         self._assign(all_g[: len(g_table)], g_table, dim=1)
         self._assign(all_d[: d_table.shape[1]], d_table, dim=0)
-
-        # Selection over the neighbourhood (or, when no one migrates this iteration, the cell
-        # alone) builds the new local populations, which train against each other.
         new_g = self._select(all_g, len(self.generators))
         new_d = self._select(all_d, len(self.discriminators))
-        heard = {str(c): neighbours[c].iteration for c in others}
-        return Selected(new_g, new_d, others, foreign_g, all_d, draw, fakes, heard)
+        return Selected(new_g, new_d, prepared.others, prepared.foreign_g, all_d, prepared.draw, fakes, prepared.heard)
 
     def complete(self, selected: Selected, steps: Steps) -> IterationReport:
         """The iteration after training: re-evaluation, replacement, the mixture, the report."""
@@ -307,6 +336,19 @@ class Cell:
 
     def adopt(self, snapshot: Snapshot) -> None:
         cell_state.adopt(self, snapshot)
+
+
+@dataclass
+class Prepared:
+    """An iteration before its fitness: the neighbourhood as individuals (the cell's own first)
+    and the fitness draw."""
+
+    others: list[Coord]  # the neighbours heard from
+    foreign_g: list[Individual]
+    all_g: list[Individual]
+    all_d: list[Individual]
+    draw: FitnessDraw
+    heard: dict[str, int]  # neighbour → the iteration of its snapshot
 
 
 @dataclass

@@ -8,11 +8,14 @@ report, so tiled and untiled processes share a grid and resume each other's chec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from palomino.coevolution.cell import Cell, IterationReport
+from torch import Tensor
+
+from palomino.coevolution.cell import Cell, IterationReport, Prepared
+from palomino.coevolution.tile_fitness import batchable, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
@@ -69,7 +72,13 @@ class Tile:
         """One iteration of every cell; `neighbours[cell]` are that cell's neighbours' snapshots."""
         with ThreadPoolExecutor(self.workers) as pool:
             run = pool.map if self.workers > 1 else map
-            selected = list(run(lambda cell: cell.select(neighbours[cell.coord]), self.cells))
+            prepared = list(run(lambda cell: cell.prepare(neighbours[cell.coord]), self.cells))
+            selected = list(
+                run(
+                    lambda args: args[0].choose(args[1], *args[2]),
+                    zip(self.cells, prepared, self._fitness(prepared, run)),
+                )
+            )
             lanes = [
                 Lane(cell.training, chosen.generators, chosen.discriminators, cell.iteration)
                 for cell, chosen in zip(self.cells, selected)
@@ -77,6 +86,19 @@ class Tile:
             parts = _split(lanes, self.workers)
             steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
             return list(run(lambda args: args[0].complete(*args[1:]), zip(self.cells, selected, steps)))
+
+    def _fitness(self, prepared: list[Prepared], run: Callable) -> list[tuple[list[Tensor], Tensor, Tensor]]:
+        """Every cell's fitness: as one stacked evaluation per stack where the networks allow
+        (tile_fitness.py), else cell by cell."""
+        parts = _split(list(range(len(self.cells))), self.workers)
+
+        def part_fitness(indices: list[int]) -> list[tuple[list[Tensor], Tensor, Tensor]]:
+            jobs = [self.cells[i].fitness_job(prepared[i]) for i in indices]
+            if batchable(jobs):
+                return [(r.fakes, r.g_table, r.d_table) for r in tile_fitness(jobs)]
+            return [self.cells[i].fitness(prepared[i]) for i in indices]
+
+        return [done for part in run(part_fitness, parts) for done in part]
 
 
 def _split(items: list[T], parts: int) -> list[list[T]]:

@@ -1,0 +1,157 @@
+"""The all-vs-all fitness of every cell of a tile in one stacked evaluation, read back once.
+
+A cell alone evaluates its neighbourhood's generators and discriminators in a few stacked calls
+(fitness.py); a tile of K cells made K times those calls, each with its own read-back. Here every
+cell's generators are one stack and every cell's discriminators another, each member fed its own
+cell's inputs, so the tile's fitness costs the calls of one cell and one read. Each member sees
+exactly the inputs, in the layout, that fitness.py gives it (the same rows, one long batch or, with
+minibatch std, one batch per input), so the tables are the ones each cell would compute.
+Perceptrons only (their forward keeps no state); other networks stay cell by cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from palomino.nn import GanLoss
+from palomino.nn.host import to_host
+from palomino.nn.stacked import StackedMLP, gather, same_architecture, stack
+
+
+@dataclass
+class FitnessJob:
+    """One cell's fitness: its generators' samples of `z`, judged with `real` by its discriminators."""
+
+    generators: list[nn.Module]
+    discriminators: list[nn.Module]
+    z: Tensor
+    real: Tensor
+    labels: Tensor | None
+    loss: GanLoss
+    generators_needed: int | None = None  # rows of the generator table (None: all), as fitness_tables
+    critics_needed: int | None = None  # columns of the discriminator table (None: all)
+
+
+@dataclass
+class FitnessResult:
+    fakes: list[Tensor]  # each generator's samples of the job's z
+    g_table: Tensor  # (G, D) on the host: generator losses
+    d_table: Tensor  # (G, D) on the host: discriminator losses
+
+
+def batchable(jobs: Sequence[FitnessJob]) -> bool:
+    """Whether these jobs evaluate as one stack: perceptrons of one architecture everywhere, one
+    loss, and the same counts and sizes in every job."""
+    if not jobs:
+        return False
+    first = jobs[0]
+    shape = (len(first.generators), len(first.discriminators), tuple(first.z.shape), tuple(first.real.shape))
+    if any(
+        (len(j.generators), len(j.discriminators), tuple(j.z.shape), tuple(j.real.shape)) != shape
+        or j.loss is not first.loss
+        or (j.generators_needed, j.critics_needed) != (first.generators_needed, first.critics_needed)
+        or (j.labels is None) != (first.labels is None)
+        for j in jobs
+    ):
+        return False
+    generators = [g for job in jobs for g in job.generators]
+    discriminators = [d for job in jobs for d in job.discriminators]
+    return same_architecture(generators) and same_architecture(discriminators)
+
+
+@torch.no_grad()
+def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
+    """Every job's samples and tables, from a few stacked calls and one read. Tables are cut as
+    fitness_tables cuts them (`generators` rows, `critics` columns) and computed as it computes
+    them: the whole table in one evaluation, a part in two."""
+    first = jobs[0]
+    count, g_count, d_count = len(jobs), len(first.generators), len(first.discriminators)
+    g_rows = g_count if first.generators_needed is None else first.generators_needed
+    d_cols = d_count if first.critics_needed is None else first.critics_needed
+    generators = [g for job in jobs for g in job.generators]
+    discriminators = [d for job in jobs for d in job.discriminators]
+    g_layout, d_layout = StackedMLP.of(generators[0]), StackedMLP.of(discriminators[0])
+    g_params = {k: v.detach() for k, v in stack(generators, g_layout.names).items()}
+    d_params = {k: v.detach() for k, v in stack(discriminators, d_layout.names).items()}
+    labels = torch.stack([job.labels for job in jobs]) if first.labels is not None else None  # type: ignore[misc]
+
+    # Generators: each member its cell's z, as fitness.generate gives a cell's generators theirs.
+    z = _per_member(torch.stack([job.z for job in jobs]), g_count)  # (J·G, B, latent)
+    fakes = _forward(g_layout, g_params, z, None if labels is None else _per_member(labels, g_count), count)
+    fakes = fakes.view(count, g_count, *fakes.shape[1:])  # (J, G, B, …)
+    inputs = torch.cat([fakes, torch.stack([job.real for job in jobs])[:, None]], dim=1)  # (J, G+1, B, …)
+    judge = _Judge(d_layout, d_params, count, labels)
+    loss = first.loss
+    if g_rows == g_count and d_cols == d_count:
+        logits = judge(inputs, d_count)  # (J, D, G+1, B)
+        d_fake, d_real = logits[:, :, :g_count], logits[:, :, g_count]
+        g_tables = loss.generator(d_fake).transpose(1, 2)  # (J, G, D)
+        d_tables = loss.discriminator_from_logits(d_real[:, :, None], d_fake).transpose(1, 2)
+        g_host, d_host = to_host(torch.stack([g_tables, d_tables])).unbind()  # one read for the tile
+    else:
+        parts = []
+        if g_rows:
+            parts.append(loss.generator(judge(fakes[:, :g_rows], d_count)).transpose(1, 2).flatten())
+        if d_cols:
+            logits = judge(inputs, d_cols)  # each cell's first `d_cols` discriminators
+            own = loss.discriminator_from_logits(logits[:, :, g_count, None], logits[:, :, :g_count])
+            parts.append(own.transpose(1, 2).flatten())
+        back = to_host(torch.cat(parts)) if parts else torch.empty(0)  # one read for the tile
+        g_host = back[: count * g_rows * d_count].view(count, g_rows, d_count)
+        d_host = back[count * g_rows * d_count :].view(count, g_count, d_cols)
+    return [FitnessResult(list(fakes[j].unbind()), g_host[j], d_host[j]) for j in range(count)]
+
+
+class _Judge:
+    """Each cell's first `members` discriminators on that cell's inputs, every input its own batch
+    (as fitness.apply_each feeds one cell's): logits (J, members, inputs, B)."""
+
+    def __init__(self, layout: StackedMLP, params: dict[str, Tensor], count: int, labels: Tensor | None) -> None:
+        self.layout, self.params, self.count, self.labels = layout, params, count, labels
+        self.per_cell = len(next(iter(params.values()))) // count
+
+    def __call__(self, inputs: Tensor, members: int) -> Tensor:
+        count, per_input, batch = self.count, inputs.shape[1], inputs.shape[2]
+        chosen = torch.arange(self.count * self.per_cell, device=inputs.device).view(count, self.per_cell)
+        chosen = chosen[:, :members].reshape(-1)
+        params = self.params if members == self.per_cell else gather(self.params, chosen)
+        labels = self.labels
+        if self.layout.minibatch_std:  # each (member, input) pair its own member: batch statistics per input
+            index = torch.arange(count * members, device=inputs.device).repeat_interleave(per_input)
+            x = _per_member(inputs, members).reshape(count * members * per_input, batch, *inputs.shape[3:])
+            y = None if labels is None else _per_member(labels, members * per_input)
+            logits = _forward(self.layout, gather(params, index), x, y, count)
+        else:
+            x = _per_member(inputs.reshape(count, per_input * batch, *inputs.shape[3:]), members)
+            y = None if labels is None else _per_member(labels.repeat(1, per_input), members)
+            logits = _forward(self.layout, params, x, y, count)
+        return logits.reshape(count, members, per_input, batch)
+
+
+def _forward(layout: StackedMLP, params: dict[str, Tensor], x: Tensor, labels: Tensor | None, count: int) -> Tensor:
+    """`layout.forward` of all members, whose first len/count belong to the first job, and so on.
+    Where a cell's own call would stack one member, on a CPU each job is its own call: torch
+    multiplies a batch of one matrix with another kernel than a batch of many (the last bit
+    differs), and a tile must give each cell exactly its own numbers (a CPU run repeats the
+    runs before tiles batched the fitness, bit for bit)."""
+    if len(x) != count or x.device.type != "cpu":
+        return layout.forward(params, x, labels)
+    return torch.cat(
+        [
+            layout.forward(
+                {k: v[j : j + 1] for k, v in params.items()},
+                x[j : j + 1],
+                None if labels is None else labels[j : j + 1],
+            )
+            for j in range(count)
+        ]
+    )
+
+
+def _per_member(values: Tensor, members: int) -> Tensor:
+    """(J, …) → (J·members, …): each job's values for each of its members."""
+    return values[:, None].expand(values.shape[0], members, *values.shape[1:]).reshape(-1, *values.shape[1:])

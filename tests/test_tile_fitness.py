@@ -1,0 +1,69 @@
+"""A tile's fitness of all its cells in one stacked evaluation gives each cell the tables it would
+compute alone (palomino/coevolution/tile_fitness.py), read back once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import tiny
+
+from palomino.coevolution import Cell
+from palomino.coevolution.tile_fitness import batchable, tile_fitness
+from palomino.config import parse_config
+from palomino.data import load_dataset
+from palomino.grid import Coord, Topology
+from palomino.nn import host
+
+
+def cells_of(changes: dict[str, Any]) -> list[Cell]:
+    base = {"grid": {"rows": 3, "cols": 3}, "training": {"fitness": {"sample_size": 16}}}
+    for key, value in changes.items():
+        base[key] = {**base.get(key, {}), **value}
+    config = parse_config(tiny(**base))
+    dataset = load_dataset(config.data, 0)
+    topology = Topology(3, 3, config.grid.neighbourhood)
+    return [Cell(Coord(*c), topology, config, dataset, experiment="test") for c in topology.cells()]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({}, id="default"),
+        pytest.param({"network": {"minibatch_std": True}}, id="minibatch-std"),
+        pytest.param({"training": {"population_size": 2}}, id="population-2"),
+        pytest.param({"training": {"selection": {"migration": 0.0}}}, id="migration-0"),
+        pytest.param({"network": {"conditional": True, "minibatch_std": True}}, id="conditional"),
+        pytest.param({"grid": {"neighbourhood": "none"}}, id="no-neighbours"),
+    ],
+)
+def test_each_cell_gets_the_tables_it_computes_alone(changes: dict[str, Any]) -> None:
+    cells = cells_of(changes)
+    snapshots = {cell.coord: cell.snapshot() for cell in cells}
+    prepared = [cell.prepare({n: snapshots[n] for n in cell.topology.neighbours(cell.coord)}) for cell in cells]
+    jobs = [cell.fitness_job(p) for cell, p in zip(cells, prepared)]
+    assert batchable(jobs)
+    with host.counting() as traffic:
+        results = tile_fitness(jobs)
+    assert traffic.reads == 1  # the whole tile's tables in one read
+    alone = changes.get("training", {}).get("selection", {}).get("migration") == 0
+    for cell, p, result in zip(cells, prepared, results):
+        fakes, g_table, d_table = cell.fitness(p)
+        assert torch.equal(result.g_table, g_table) and torch.equal(result.d_table, d_table)
+        if alone:  # only the cell's own rows and columns, as fitness_tables evaluates them
+            assert result.g_table.shape[0] == len(cell.generators)
+            assert result.d_table.shape[1] == len(cell.discriminators)
+        assert all(torch.equal(a, b) for a, b in zip(result.fakes, fakes))
+
+
+def test_jobs_of_different_shapes_are_not_batched() -> None:
+    cells = cells_of({})
+    snapshots = {cell.coord: cell.snapshot() for cell in cells}
+    jobs = [
+        cell.fitness_job(cell.prepare({n: snapshots[n] for n in cell.topology.neighbours(cell.coord)}))
+        for cell in cells
+    ]
+    jobs[1].real = jobs[1].real[:-1]
+    assert not batchable(jobs)
+    assert not batchable([])
