@@ -193,24 +193,30 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
 
     train_original = tile_module.train_tile
 
+    inside = [False]  # a phase inside another (a cell's fallback in the tile's batched call) is the outer's
+
     def timed(name: str, fn: Callable) -> Callable:
         def wrapper(*a, **kw):
+            if inside[0]:
+                return fn(*a, **kw)
+            inside[0] = True
             start = clock.read()
             try:
                 return fn(*a, **kw)
             finally:
                 phases[name] += clock.read() - start
+                inside[0] = False
 
         return wrapper
 
     seen = neighbourhoods(cells)
     tile.iterate(seen)  # warm-up iteration
-    fitness_original = getattr(Tile, "_fitness", None)
+    tile_originals = _phases_of_tile()
     for name, fn in originals.items():
         setattr(Cell, name, timed(PHASE_OF[name], fn))
+    for name, fn in tile_originals.items():
+        setattr(Tile, name, timed(TILE_PHASES[name], fn))
     tile_module.train_tile = timed("train", train_original)
-    if fitness_original is not None:
-        Tile._fitness = timed("select", fitness_original)
     try:
         total = 0.0
         for _ in range(args.iterations):
@@ -224,8 +230,8 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
         for name, fn in originals.items():
             setattr(Cell, name, fn)
         tile_module.train_tile = train_original
-        if fitness_original is not None:
-            Tile._fitness = fitness_original
+        for name, fn in tile_originals.items():
+            setattr(Tile, name, fn)
     per = total / args.iterations
     iterations = math.ceil(args.project / args.batches)
     print(
@@ -257,11 +263,23 @@ class OpCounter(TorchDispatchMode):
 
 PHASES = ("exchange", "select", "train", "complete", "other")
 # The cell's methods a tile calls, by phase (select was one method before the tile batched fitness).
-PHASE_OF = {"select": "select", "prepare": "select", "choose": "select", "complete": "complete"}
+PHASE_OF = {
+    "select": "select",
+    "prepare": "select",
+    "choose": "select",
+    "complete": "complete",
+    "re_evaluate": "complete",
+    "finish": "complete",
+}
+TILE_PHASES = {"_fitness": "select", "_re_evaluate": "complete"}  # what a tile batches across its cells
 
 
 def _phases_of_cell() -> dict[str, Callable]:
     return {name: getattr(Cell, name) for name in PHASE_OF if hasattr(Cell, name)}
+
+
+def _phases_of_tile() -> dict[str, Callable]:
+    return {name: getattr(Tile, name) for name in TILE_PHASES if hasattr(Tile, name)}
 
 
 def count_iteration(cells: list[Cell]) -> dict:
@@ -276,9 +294,12 @@ def count_iteration(cells: list[Cell]) -> dict:
     uploads: Counter[str] = Counter()
 
     def phased(name: str, fn: Callable) -> Callable:
-        """The phases do not nest: what none of them counts is `other` (the tile's own work)."""
+        """A phase inside another (a cell's fallback inside the tile's batched call) counts as the
+        outer one; what no phase counts is `other` (the tile's own work)."""
 
         def wrapper(*a, **kw):
+            if counter.phase != "other":
+                return fn(*a, **kw)
             before = (traffic.reads, traffic.uploads) if traffic is not None else (0, 0)
             counter.phase = name
             try:
@@ -292,12 +313,12 @@ def count_iteration(cells: list[Cell]) -> dict:
         return wrapper
 
     originals = _phases_of_cell()
-    train_original, fitness_original = tile_module.train_tile, getattr(Tile, "_fitness", None)
+    train_original, tile_originals = tile_module.train_tile, _phases_of_tile()
     for name, fn in originals.items():
         setattr(Cell, name, phased(PHASE_OF[name], fn))
+    for name, fn in tile_originals.items():
+        setattr(Tile, name, phased(TILE_PHASES[name], fn))
     tile_module.train_tile = phased("train", train_original)
-    if fitness_original is not None:
-        Tile._fitness = phased("select", fitness_original)
     try:
         with counter:
             if host is not None:
@@ -311,8 +332,8 @@ def count_iteration(cells: list[Cell]) -> dict:
         for name, fn in originals.items():
             setattr(Cell, name, fn)
         tile_module.train_tile = train_original
-        if fitness_original is not None:
-            Tile._fitness = fitness_original
+        for name, fn in tile_originals.items():
+            setattr(Tile, name, fn)
     syncs = {p: reads[p] for p in PHASES} if host is not None else None
     return {"ops": {p: counter.ops[p] for p in PHASES}, "syncs": syncs, "uploads": dict(uploads)}
 

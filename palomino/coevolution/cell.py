@@ -212,17 +212,55 @@ class Cell:
         return Selected(new_g, new_d, prepared.others, prepared.foreign_g, all_d, prepared.draw, fakes, prepared.heard)
 
     def complete(self, selected: Selected, steps: Steps) -> IterationReport:
-        """The iteration after training: re-evaluation, replacement, the mixture, the report."""
-        new_g, new_d, draw, all_d = selected.generators, selected.discriminators, selected.draw, selected.all_d
-        # Re-evaluate the trained individuals against the neighbourhood (the trained generators
-        # against every discriminator, the trained discriminators on every first fake), then replace.
-        new_fakes = self._generate(new_g, draw.z, draw.labels)
+        """The iteration after training: re-evaluation, replacement, the mixture, the report.
+        (A tile batches the re-evaluation of all its cells and calls `finish` for each.)"""
+        return self.finish(selected, steps, *self.re_evaluate(selected))
+
+    def re_evaluate(self, selected: Selected) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trained individuals against the neighbourhood again: the trained generators
+        against every discriminator, the trained discriminators on every first fake."""
+        draw, all_d = selected.draw, selected.all_d
+        new_fakes = self._generate(selected.generators, draw.z, draw.labels)
         g_table, _ = fitness_tables(
             new_fakes, [d.network for d in all_d], draw.real, self.fitness_loss, draw.labels, critics=0
         )
         _, d_table = fitness_tables(
-            selected.fakes, [d.network for d in new_d], draw.real, self.fitness_loss, draw.labels, generators=0
+            selected.fakes,
+            [d.network for d in selected.discriminators],
+            draw.real,
+            self.fitness_loss,
+            draw.labels,
+            generators=0,
         )
+        return g_table, d_table
+
+    def re_evaluation_jobs(self, selected: Selected) -> tuple[FitnessJob, FitnessJob]:
+        """What `re_evaluate` evaluates, as two jobs for a tile to batch with its other cells'."""
+        draw = selected.draw
+        trained_g = FitnessJob(
+            [g.network for g in selected.generators],
+            [d.network for d in selected.all_d],
+            draw.z,
+            draw.real,
+            draw.labels,
+            self.fitness_loss,
+            critics_needed=0,
+        )
+        trained_d = FitnessJob(
+            [],
+            [d.network for d in selected.discriminators],
+            draw.z,
+            draw.real,
+            draw.labels,
+            self.fitness_loss,
+            generators_needed=0,
+            fakes=selected.fakes,
+        )
+        return trained_g, trained_d
+
+    def finish(self, selected: Selected, steps: Steps, g_table: torch.Tensor, d_table: torch.Tensor) -> IterationReport:
+        """Replacement by the re-evaluated fitness, the mixture and the report."""
+        new_g, new_d = selected.generators, selected.discriminators
         self._assign(new_g, g_table, dim=1)
         self._assign(new_d, d_table, dim=0)
         for ind in [*new_g, *new_d]:

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from torch import Tensor
 
-from palomino.coevolution.cell import Cell, IterationReport, Prepared
+from palomino.coevolution.cell import Cell, IterationReport, Prepared, Selected
 from palomino.coevolution.tile_fitness import batchable, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile
 from palomino.config import ExperimentConfig
@@ -85,7 +85,8 @@ class Tile:
             ]
             parts = _split(lanes, self.workers)
             steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
-            return list(run(lambda args: args[0].complete(*args[1:]), zip(self.cells, selected, steps)))
+            tables = self._re_evaluate(selected, run)
+            return list(run(lambda a: a[0].finish(a[1], a[2], *a[3]), zip(self.cells, selected, steps, tables)))
 
     def _fitness(self, prepared: list[Prepared], run: Callable) -> list[tuple[list[Tensor], Tensor, Tensor]]:
         """Every cell's fitness: as one stacked evaluation per stack where the networks allow
@@ -99,6 +100,22 @@ class Tile:
             return [self.cells[i].fitness(prepared[i]) for i in indices]
 
         return [done for part in run(part_fitness, parts) for done in part]
+
+    def _re_evaluate(self, selected: list[Selected], run: Callable) -> list[tuple[Tensor, Tensor]]:
+        """Every cell's re-evaluation of its trained individuals: batched per stack where the
+        networks allow (two reads a stack), else cell by cell."""
+        parts = _split(list(range(len(self.cells))), self.workers)
+
+        def part_tables(indices: list[int]) -> list[tuple[Tensor, Tensor]]:
+            jobs = [self.cells[i].re_evaluation_jobs(selected[i]) for i in indices]
+            trained_g, trained_d = [g for g, _ in jobs], [d for _, d in jobs]
+            if batchable(trained_g) and batchable(trained_d):
+                g_tables = [r.g_table for r in tile_fitness(trained_g)]
+                d_tables = [r.d_table for r in tile_fitness(trained_d)]
+                return list(zip(g_tables, d_tables))
+            return [self.cells[i].re_evaluate(selected[i]) for i in indices]
+
+        return [done for part in run(part_tables, parts) for done in part]
 
 
 def _split(items: list[T], parts: int) -> list[list[T]]:

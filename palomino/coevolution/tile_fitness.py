@@ -34,6 +34,12 @@ class FitnessJob:
     loss: GanLoss
     generators_needed: int | None = None  # rows of the generator table (None: all), as fitness_tables
     critics_needed: int | None = None  # columns of the discriminator table (None: all)
+    fakes: list[Tensor] | None = None  # samples made already (then `generators` is not used)
+
+    @property
+    def sample_count(self) -> int:
+        """How many generators' samples the discriminators judge."""
+        return len(self.generators) if self.fakes is None else len(self.fakes)
 
 
 @dataclass
@@ -49,9 +55,12 @@ def batchable(jobs: Sequence[FitnessJob]) -> bool:
     if not jobs:
         return False
     first = jobs[0]
-    shape = (len(first.generators), len(first.discriminators), tuple(first.z.shape), tuple(first.real.shape))
+
+    def shape(job: FitnessJob) -> tuple:
+        return (job.sample_count, len(job.discriminators), tuple(job.z.shape), tuple(job.real.shape), job.fakes is None)
+
     if any(
-        (len(j.generators), len(j.discriminators), tuple(j.z.shape), tuple(j.real.shape)) != shape
+        shape(j) != shape(first)
         or j.loss is not first.loss
         or (j.generators_needed, j.critics_needed) != (first.generators_needed, first.critics_needed)
         or (j.labels is None) != (first.labels is None)
@@ -60,7 +69,8 @@ def batchable(jobs: Sequence[FitnessJob]) -> bool:
         return False
     generators = [g for job in jobs for g in job.generators]
     discriminators = [d for job in jobs for d in job.discriminators]
-    return same_architecture(generators) and same_architecture(discriminators)
+    made = first.fakes is not None or same_architecture(generators)
+    return made and first.sample_count > 0 and same_architecture(discriminators)
 
 
 @torch.no_grad()
@@ -69,20 +79,22 @@ def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
     fitness_tables cuts them (`generators` rows, `critics` columns) and computed as it computes
     them: the whole table in one evaluation, a part in two."""
     first = jobs[0]
-    count, g_count, d_count = len(jobs), len(first.generators), len(first.discriminators)
+    count, g_count, d_count = len(jobs), first.sample_count, len(first.discriminators)
     g_rows = g_count if first.generators_needed is None else first.generators_needed
     d_cols = d_count if first.critics_needed is None else first.critics_needed
-    generators = [g for job in jobs for g in job.generators]
     discriminators = [d for job in jobs for d in job.discriminators]
-    g_layout, d_layout = StackedMLP.of(generators[0]), StackedMLP.of(discriminators[0])
-    g_params = {k: v.detach() for k, v in stack(generators, g_layout.names).items()}
+    d_layout = StackedMLP.of(discriminators[0])
     d_params = {k: v.detach() for k, v in stack(discriminators, d_layout.names).items()}
     labels = torch.stack([job.labels for job in jobs]) if first.labels is not None else None  # type: ignore[misc]
-
-    # Generators: each member its cell's z, as fitness.generate gives a cell's generators theirs.
-    z = _per_member(torch.stack([job.z for job in jobs]), g_count)  # (J·G, B, latent)
-    fakes = _forward(g_layout, g_params, z, None if labels is None else _per_member(labels, g_count), count)
-    fakes = fakes.view(count, g_count, *fakes.shape[1:])  # (J, G, B, …)
+    if first.fakes is not None:
+        fakes = torch.stack([torch.stack(job.fakes) for job in jobs])  # type: ignore[arg-type]
+    else:  # each generator on its cell's z, as fitness.generate gives a cell's generators theirs
+        generators = [g for job in jobs for g in job.generators]
+        g_layout = StackedMLP.of(generators[0])
+        g_params = {k: v.detach() for k, v in stack(generators, g_layout.names).items()}
+        z = _per_member(torch.stack([job.z for job in jobs]), g_count)  # (J·G, B, latent)
+        fakes = _forward(g_layout, g_params, z, None if labels is None else _per_member(labels, g_count), count)
+        fakes = fakes.view(count, g_count, *fakes.shape[1:])  # (J, G, B, …)
     inputs = torch.cat([fakes, torch.stack([job.real for job in jobs])[:, None]], dim=1)  # (J, G+1, B, …)
     judge = _Judge(d_layout, d_params, count, labels)
     loss = first.loss
