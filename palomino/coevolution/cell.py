@@ -418,8 +418,8 @@ def _report(cell: Cell, steps: Steps, neighbours: dict[str, int]) -> IterationRe
         iteration=cell.iteration,
         cell=cell.coord,
         epoch=cell.topology.epoch,
-        generator=_summary(cell.generators.best, steps.generator),
-        discriminator=_summary(cell.discriminators.best, steps.discriminator),
+        generator=_summary(cell.generators.best, steps, "generator"),
+        discriminator=_summary(cell.discriminators.best, steps, "discriminator"),
         losses_used=dict(sorted(steps.losses_used.items())),
         score=cell.score,
         mixture=dict(cell.mixture_weights),
@@ -429,9 +429,14 @@ def _report(cell: Cell, steps: Steps, neighbours: dict[str, int]) -> IterationRe
     )
 
 
-def _summary(best: Individual, losses: list[torch.Tensor]) -> dict[str, float]:
+def _summary(best: Individual, steps: Steps, role: str) -> dict[str, float]:
+    losses: list[torch.Tensor] = getattr(steps, role)
+    if steps.means is not None:  # read back already, with the rest of a tile's
+        loss = steps.means[role]
+    else:
+        loss = scalar(torch.stack(losses).mean()) if losses else float("nan")
     return {
-        "loss": scalar(torch.stack(losses).mean()) if losses else float("nan"),
+        "loss": loss,
         "fitness": best.fitness,
         "learning_rate": best.learning_rate,
     }

@@ -17,6 +17,7 @@ from torch import Tensor
 from palomino.coevolution.cell import Cell, IterationReport, Prepared, Selected
 from palomino.coevolution.tile_fitness import batchable, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile
+from palomino.coevolution.training import read_means
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
 from palomino.nn.stack_layout import tileable
@@ -85,6 +86,7 @@ class Tile:
             ]
             parts = _split(lanes, self.workers)
             steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
+            read_means(steps)
             tables = self._re_evaluate(selected, run)
             return list(run(lambda a: a[0].finish(a[1], a[2], *a[3]), zip(self.cells, selected, steps, tables)))
 

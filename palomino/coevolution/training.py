@@ -14,7 +14,7 @@ from palomino.coevolution.individual import Individual
 from palomino.coevolution.plan import IterationPlan, draw_plan
 from palomino.coevolution.schedule import decay_factor
 from palomino.config import TrainingConfig
-from palomino.nn import apply, get_loss
+from palomino.nn import apply, get_loss, host
 from palomino.nn.host import upload
 
 
@@ -25,6 +25,22 @@ class Steps:
     losses_used: Counter[str] = field(default_factory=Counter)
     generator: list[torch.Tensor] = field(default_factory=list)
     discriminator: list[torch.Tensor] = field(default_factory=list)
+    means: dict[str, float] | None = None  # each role's mean step loss, once read back (read_means)
+
+
+def read_means(done: list[Steps]) -> None:
+    """Every Steps' mean generator and discriminator loss, read back in one go (a tile's cells
+    would otherwise read two numbers each)."""
+    parts = [
+        torch.stack(losses).mean() if losses else None
+        for steps in done
+        for losses in (steps.generator, steps.discriminator)
+    ]
+    present = [p for p in parts if p is not None]
+    values = iter(host.values(torch.stack(present)) if present else [])
+    means = [float("nan") if p is None else next(values) for p in parts]
+    for index, steps in enumerate(done):
+        steps.means = {"generator": means[2 * index], "discriminator": means[2 * index + 1]}
 
 
 @dataclass
