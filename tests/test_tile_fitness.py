@@ -67,3 +67,18 @@ def test_jobs_of_different_shapes_are_not_batched() -> None:
     jobs[1].real = jobs[1].real[:-1]
     assert not batchable(jobs)
     assert not batchable([])
+
+
+def test_a_tile_reads_its_own_neighbours_in_place_and_others_from_their_snapshots() -> None:
+    from palomino.coevolution.tile import Tile
+
+    cells = cells_of({})
+    inside, outside = cells[:6], cells[6:]  # a tile of six cells; three neighbours elsewhere
+    snapshots = {cell.coord: cell.snapshot() for cell in cells}
+    tile = Tile(inside)
+    tile.iterate({cell.coord: {n: snapshots[n] for n in cell.topology.neighbours(cell.coord)} for cell in inside})
+    outside_coords = {cell.coord for cell in outside}
+    for cell in inside:
+        built = {coord for coord, _ in cell.slots._slots}
+        expected = {Coord(*n) for n in cell.topology.neighbours(cell.coord)} & outside_coords
+        assert built == expected, cell.coord  # a slot (a copy) only for a neighbour outside the tile

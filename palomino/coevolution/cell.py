@@ -27,6 +27,7 @@ from palomino.data import Dataset, label_count
 from palomino.grid import ClassGrid, Coord, Topology
 from palomino.nn import apply, get_loss
 from palomino.nn.host import scalar, to_host
+from palomino.nn.stacked import stackable
 from palomino.wire import Snapshot
 
 
@@ -140,6 +141,24 @@ class Cell:
     def _from_snapshot(self, snapshot: Snapshot, role: Role) -> Individual:
         return self.slots.individual(snapshot, role)
 
+    def _neighbour(self, snapshot: Snapshot, role: Role, local: Mapping[Coord, Cell]) -> Individual:
+        """A neighbour's individual as its snapshot describes it. A cell of the same tile that has
+        not moved since its snapshot lends its own network and Adam state (selection clones
+        them, nothing writes to them), under the snapshot's rate, fitness and loss: the same
+        numbers as a slot loaded from the snapshot, without the copies. Perceptrons only: a
+        DCGAN's forward moves its BatchNorm statistics, which must move in a copy."""
+        header = snapshot.header
+        cell = local.get(Coord(*header.cell))
+        if cell is None or cell.iteration - 1 != header.iteration or cell.topology.epoch != header.epoch:
+            return self._from_snapshot(snapshot, role)
+        best = (cell.generators if role == "generator" else cell.discriminators).best
+        if not stackable(best.network):
+            return self._from_snapshot(snapshot, role)
+        meta = getattr(header, role)
+        return Individual(
+            role, best.network, best.optimizer, meta.learning_rate, meta.fitness, meta.loss, str(cell.coord)
+        )
+
     # ---- the iteration -------------------------------------------------------------------
 
     def iterate(self, neighbours: Mapping[Coord, Snapshot]) -> IterationReport:
@@ -155,13 +174,15 @@ class Cell:
         prepared = self.prepare(neighbours)
         return self.choose(prepared, *self.fitness(prepared))
 
-    def prepare(self, neighbours: Mapping[Coord, Snapshot]) -> Prepared:
+    def prepare(self, neighbours: Mapping[Coord, Snapshot], local: Mapping[Coord, Cell] | None = None) -> Prepared:
         """The neighbourhood as individuals and the iteration's fitness draw: one shared draw of
         noise and real data (a conditional network's fakes take the real draw's labels: one draw
-        from the priors, and pairs of one class)."""
+        from the priors, and pairs of one class). `local`: cells of the same tile, whose
+        individuals are read in place where their snapshot is the one given (no copy)."""
         others = [Coord(*c) for c in self.topology.neighbours(self.coord) if Coord(*c) in neighbours]
-        foreign_g = [self._from_snapshot(neighbours[c], "generator") for c in others]
-        foreign_d = [self._from_snapshot(neighbours[c], "discriminator") for c in others]
+        local = local or {}
+        foreign_g = [self._neighbour(neighbours[c], "generator", local) for c in others]
+        foreign_d = [self._neighbour(neighbours[c], "discriminator", local) for c in others]
         heard = {str(c): neighbours[c].iteration for c in others}
         all_g, all_d = [*self.generators, *foreign_g], [*self.discriminators, *foreign_d]
         return Prepared(others, foreign_g, all_g, all_d, self._fitness_draw(), heard)

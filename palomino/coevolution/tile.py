@@ -73,7 +73,8 @@ class Tile:
         """One iteration of every cell; `neighbours[cell]` are that cell's neighbours' snapshots."""
         with ThreadPoolExecutor(self.workers) as pool:
             run = pool.map if self.workers > 1 else map
-            prepared = list(run(lambda cell: cell.prepare(neighbours[cell.coord]), self.cells))
+            local = {cell.coord: cell for cell in self.cells}
+            prepared = list(run(lambda cell: cell.prepare(neighbours[cell.coord], local), self.cells))
             selected = list(
                 run(
                     lambda args: args[0].choose(args[1], *args[2]),
