@@ -116,9 +116,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 
 def stack(modules: Sequence[nn.Module], names: Sequence[str]) -> Params:
-    """The members' parameters stacked (copies), as leaves that collect gradients."""
+    """The members' parameters stacked (copies), as leaves that collect gradients: one op a
+    parameter name, whatever the number of members."""
     per_module = [dict(m.named_parameters()) for m in modules]
-    return {name: torch.stack([p[name].detach() for p in per_module]).requires_grad_(True) for name in names}
+    with torch.no_grad():
+        stacked = {name: torch.stack([p[name] for p in per_module]) for name in names}
+    return {name: value.requires_grad_(True) for name, value in stacked.items()}
 
 
 @torch.no_grad()
@@ -130,12 +133,20 @@ def stack_buffers(modules: Sequence[nn.Module], names: Sequence[str]) -> Params:
 
 @torch.no_grad()
 def unstack(params: Params, modules: Sequence[nn.Module], buffers: Params | None = None) -> None:
-    """Copy each member's slice back into its own module (its buffers too, when given)."""
+    """Copy each member's slice back into its own module (its buffers too, when given): one
+    multi-tensor copy for all of them, not one copy a member and tensor."""
+    members = {name: value.unbind(0) for name, value in params.items()}
+    stacked_buffers = {name: value.unbind(0) for name, value in (buffers or {}).items()}
+    targets, sources = [], []
     for index, module in enumerate(modules):
         for name, parameter in module.named_parameters():
-            parameter.copy_(params[name][index])
+            targets.append(parameter)
+            sources.append(members[name][index])
         for name, buffer in module.named_buffers() if buffers else ():
-            buffer.copy_(buffers[name][index])
+            targets.append(buffer)
+            sources.append(stacked_buffers[name][index])
+    if targets:
+        torch._foreach_copy_(targets, sources)
 
 
 def gather(params: Params, index: Tensor) -> Params:

@@ -26,14 +26,18 @@ class StackedAdam:
         moments: dict[str, tuple[list[Tensor], list[Tensor]]] = {name: ([], []) for name in params}
         counts = []
         for member, optimizer in enumerate(optimizers):
-            count = 0.0
+            state: dict = {}
             for (name, (avg, avg_sq)), parameter in zip(moments.items(), optimizer.param_groups[0]["params"]):
                 state = optimizer.state.get(parameter, {})
-                zeros = torch.zeros_like(params[name][member], requires_grad=False)
-                avg.append(state.get("exp_avg", zeros))
-                avg_sq.append(state.get("exp_avg_sq", zeros))
-                count = float(state["step"]) if "step" in state else 0.0
-            counts.append(count)
+                if "exp_avg" in state:
+                    avg.append(state["exp_avg"])
+                    avg_sq.append(state["exp_avg_sq"])
+                else:  # never stepped: zero moments (made only here, not for every member)
+                    zeros = torch.zeros_like(params[name][member], requires_grad=False)
+                    avg.append(zeros)
+                    avg_sq.append(zeros)
+            # One count a member: torch's Adam keeps the same one for each of its tensors (the last read).
+            counts.append(float(state["step"]) if "step" in state else 0.0)
         self.exp_avg: Params = {name: torch.stack(avg) for name, (avg, _) in moments.items()}
         self.exp_avg_sq: Params = {name: torch.stack(avg_sq) for name, (_, avg_sq) in moments.items()}
         device = next(iter(params.values())).device
@@ -70,12 +74,26 @@ class StackedAdam:
         """Each member's moments and step count back into its own Adam (as torch keeps them)."""
         names = list(self.params)
         counts = values(self.steps)
+        avg = {name: value.unbind(0) for name, value in self.exp_avg.items()}
+        avg_sq = {name: value.unbind(0) for name, value in self.exp_avg_sq.items()}
+        step_of = torch.tensor(counts, dtype=torch.float32).unbind(0)  # on the host, as torch keeps steps
+        # A member's state tensors of the last iteration are written in place, all in one
+        # multi-tensor copy; a member that steps for the first time gets new ones.
+        targets: list[Tensor] = []
+        sources: list[Tensor] = []
         for member, optimizer in enumerate(optimizers):
             if counts[member] == 0:
                 continue  # never stepped: its Adam keeps no state, as torch's would not
             for name, parameter in zip(names, optimizer.param_groups[0]["params"]):
-                optimizer.state[parameter] = {
-                    "step": torch.tensor(counts[member], dtype=torch.float32),
-                    "exp_avg": self.exp_avg[name][member].clone(),
-                    "exp_avg_sq": self.exp_avg_sq[name][member].clone(),
-                }
+                state = optimizer.state.get(parameter)
+                if state and {"step", "exp_avg", "exp_avg_sq"} <= state.keys() and state["step"].dim() == 0:
+                    targets += [state["step"], state["exp_avg"], state["exp_avg_sq"]]
+                    sources += [step_of[member], avg[name][member], avg_sq[name][member]]
+                else:
+                    optimizer.state[parameter] = {
+                        "step": step_of[member].clone(),
+                        "exp_avg": avg[name][member].clone(),
+                        "exp_avg_sq": avg_sq[name][member].clone(),
+                    }
+        if targets:
+            torch._foreach_copy_(targets, sources)
