@@ -286,7 +286,7 @@ def count_iteration(cells: list[Cell]) -> dict:
     """One whole iteration of `cells` as one tile (after a warm-up one), counted by phase."""
     import palomino.coevolution.tile as tile_module
 
-    tile = Tile(cells)
+    tile = Tile(cells, batched=True)  # what a GPU runs (a CPU evaluates fitness cell by cell)
     tile.iterate(neighbourhoods(cells))  # warm-up: slots built, first reshuffles
     counter = OpCounter()
     traffic = host.Traffic() if host is not None else None

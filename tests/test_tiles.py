@@ -65,8 +65,8 @@ def one_by_one(cells: list[Cell], iterations: int) -> list[dict]:
     return reports
 
 
-def tiled(cells: list[Cell], iterations: int) -> list[dict]:
-    tile, reports = Tile(cells), []
+def tiled(cells: list[Cell], iterations: int, batched: bool | None = None) -> list[dict]:
+    tile, reports = Tile(cells, batched=batched), []
     for _ in range(iterations):
         reports += [report.to_json() for report in tile.iterate(neighbourhoods(cells))]
     return reports
@@ -267,8 +267,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["fitness-per-cell", "fitness-batched"])
 @pytest.mark.parametrize("changes", CASES)
-def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict) -> None:
+def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict, batched: bool) -> None:
     merged: dict[str, Any] = {"training": {"iterations": 4, "batches_per_iteration": 3, "fitness": {"sample_size": 16}}}
     for section, values in changes.items():
         merged[section] = {**merged.get(section, {}), **values}
@@ -276,7 +277,7 @@ def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict
     dataset = ring64()
     alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
     expected = one_by_one(alone, 3)
-    assert_same_reports(expected, tiled(together, 3))
+    assert_same_reports(expected, tiled(together, 3, batched))  # batched: as a GPU runs it
     assert_same_cells(alone, together)
     rates = {ind.learning_rate for cell in together for ind in cell.generators}
     if "mutated" in str(changes) or "population_size" in str(changes):

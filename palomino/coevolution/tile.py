@@ -51,7 +51,11 @@ class Tile:
     training in as many stacks, each on one torch thread — a lane depends on no other lane,
     so the result does not depend on `workers`. On a GPU, one stack (workers = 1)."""
 
-    def __init__(self, cells: Sequence[Cell], workers: int = 1) -> None:
+    def __init__(self, cells: Sequence[Cell], workers: int = 1, batched: bool | None = None) -> None:
+        """`batched`: evaluate all cells' fitness and re-evaluation as one stack (tile_fitness.py).
+        By default on a GPU, where a tile's calls cost what they dispatch; on a CPU the arithmetic
+        is the cost, and one stack of every cell's activations missed the caches (the ring 3×3's
+        selection took 10–15 % longer batched, benchmarks/tiles.py --grid 3)."""
         if not cells:
             raise ValueError("a tile needs at least one cell")
         first = cells[0]
@@ -63,6 +67,7 @@ class Tile:
         self.cells = list(cells)
         self.workers = max(1, min(workers, len(self.cells)))
         self.data = [TileData() for _ in range(self.workers)]  # each stack's data, kept on the device
+        self.batched = first.device.type != "cpu" if batched is None else batched
 
     @property
     def iteration(self) -> int:
@@ -98,7 +103,7 @@ class Tile:
 
         def part_fitness(indices: list[int]) -> list[tuple[list[Tensor], Tensor, Tensor]]:
             jobs = [self.cells[i].fitness_job(prepared[i]) for i in indices]
-            if batchable(jobs):
+            if self.batched and batchable(jobs):
                 return [(r.fakes, r.g_table, r.d_table) for r in tile_fitness(jobs)]
             return [self.cells[i].fitness(prepared[i]) for i in indices]
 
@@ -112,7 +117,7 @@ class Tile:
         def part_tables(indices: list[int]) -> list[tuple[Tensor, Tensor]]:
             jobs = [self.cells[i].re_evaluation_jobs(selected[i]) for i in indices]
             trained_g, trained_d = [g for g, _ in jobs], [d for _, d in jobs]
-            if batchable(trained_g) and batchable(trained_d):
+            if self.batched and batchable(trained_g) and batchable(trained_d):
                 g_tables = [r.g_table for r in tile_fitness(trained_g)]
                 d_tables = [r.d_table for r in tile_fitness(trained_d)]
                 return list(zip(g_tables, d_tables))

@@ -79,21 +79,26 @@ class StackedAdam:
         step_of = torch.tensor(counts, dtype=torch.float32).unbind(0)  # on the host, as torch keeps steps
         # A member's state tensors of the last iteration are written in place, all in one
         # multi-tensor copy; a member that steps for the first time gets new ones.
-        targets: list[Tensor] = []
+        targets: list[Tensor] = []  # the moments (on the device)
         sources: list[Tensor] = []
+        step_targets: list[Tensor] = []  # the step counts (on the host)
+        step_sources: list[Tensor] = []
         for member, optimizer in enumerate(optimizers):
             if counts[member] == 0:
                 continue  # never stepped: its Adam keeps no state, as torch's would not
             for name, parameter in zip(names, optimizer.param_groups[0]["params"]):
                 state = optimizer.state.get(parameter)
                 if state and {"step", "exp_avg", "exp_avg_sq"} <= state.keys() and state["step"].dim() == 0:
-                    targets += [state["step"], state["exp_avg"], state["exp_avg_sq"]]
-                    sources += [step_of[member], avg[name][member], avg_sq[name][member]]
+                    targets += [state["exp_avg"], state["exp_avg_sq"]]
+                    sources += [avg[name][member], avg_sq[name][member]]
+                    step_targets.append(state["step"])
+                    step_sources.append(step_of[member])
                 else:
                     optimizer.state[parameter] = {
                         "step": step_of[member].clone(),
                         "exp_avg": avg[name][member].clone(),
                         "exp_avg_sq": avg_sq[name][member].clone(),
                     }
-        if targets:
-            torch._foreach_copy_(targets, sources)
+        for into, values_from in ((targets, sources), (step_targets, step_sources)):
+            if into:
+                torch._foreach_copy_(into, values_from)
