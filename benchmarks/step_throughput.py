@@ -203,7 +203,7 @@ class Probe:
         return wrapper
 
     MODULE_HOOKS = ("fitness_tables", "neighbourhood_select", "replace")  # names cell.py imports
-    CELL_HOOKS = ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score")
+    CELL_HOOKS = ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score", "mixture_of")
 
     @contextlib.contextmanager
     def attached(self, cell: Cell) -> Iterator[None]:
@@ -249,7 +249,7 @@ class Probe:
                 out["training (batches)"] += seconds
             elif name == "replace":
                 out["replacement"] += seconds
-            elif name == "mixture_score":
+            elif name in ("mixture_score", "mixture_of"):
                 out["mixture: MMD kernels"] += seconds  # its generate is subtracted below
             elif name == "evolve_mixture":
                 out["mixture: (1+1)-ES"] += seconds  # mixture_score is subtracted below

@@ -270,8 +270,13 @@ PHASE_OF = {
     "complete": "complete",
     "re_evaluate": "complete",
     "finish": "complete",
+    "replace": "complete",
+    "mixture_draw": "complete",
+    "apply_mixture": "complete",
+    "conclude": "complete",
 }
-TILE_PHASES = {"_fitness": "select", "_re_evaluate": "complete"}  # what a tile batches across its cells
+# What a tile batches across its cells.
+TILE_PHASES = {"_fitness": "select", "_re_evaluate": "complete", "_mixtures": "complete"}
 
 
 def _phases_of_cell() -> dict[str, Callable]:

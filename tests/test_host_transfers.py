@@ -60,10 +60,12 @@ def test_count_ops_counts_each_phase_and_the_syncs_of_a_tile(tmp_path: Path) -> 
         tiles.main(["--count-ops", "--model", "ring", "--cells", "1", "4", "--batches", "3", "--json", str(out)]) == 0
     )
     rows = {row["cells"]: row for row in json.loads(out.read_text())["rows"]}
-    for k, row in rows.items():
+    for row in rows.values():
         assert all(row["ops"][phase] > 0 for phase in ("exchange", "select", "train", "complete")), row
         assert row["ops_total"] == sum(row["ops"].values())
-        # The tile reads every cell's fitness tables back at once; each cell still reads its mixture.
-        assert row["syncs"]["select"] == 1 and row["syncs"]["complete"] >= k, row
+        # A tile reads its fitness, re-evaluation, mixtures, losses and step counts back a few
+        # times an iteration, however many cells it holds.
+        assert row["syncs_total"] <= 10, row
+    assert rows[4]["syncs"] == rows[1]["syncs"]
     # Four cells dispatch more than one, and the training's per-batch work is counted per batch.
     assert rows[4]["ops"]["train"] > rows[1]["ops"]["train"]

@@ -82,3 +82,21 @@ def test_a_tile_reads_its_own_neighbours_in_place_and_others_from_their_snapshot
         built = {coord for coord, _ in cell.slots._slots}
         expected = {Coord(*n) for n in cell.topology.neighbours(cell.coord)} & outside_coords
         assert built == expected, cell.coord  # a slot (a copy) only for a neighbour outside the tile
+
+
+def test_a_batch_of_mixtures_scores_as_each_alone() -> None:
+    from palomino.coevolution.mixture_weights import MixtureScore
+
+    generator = torch.Generator().manual_seed(0)
+    fakes = torch.randn(4, 3, 20, 2, generator=generator) + torch.arange(3.0)[None, :, None, None]
+    real = torch.randn(4, 60, 2, generator=generator)
+    with host.counting() as traffic:
+        batch = MixtureScore.from_batch(fakes, real)
+    assert traffic.reads == 1
+    weights = [1 / 3, 1 / 3, 1 / 3]
+    for j, score in enumerate(batch):
+        alone = MixtureScore.from_samples(list(fakes[j].unbind()), real[j])
+        assert torch.allclose(score.k_fake, alone.k_fake, atol=1e-6)
+        assert torch.allclose(score.k_cross_mean, alone.k_cross_mean, atol=1e-6)
+        assert score.bandwidths == pytest.approx(alone.bandwidths, rel=1e-6)
+        assert score(weights) == pytest.approx(alone(weights), abs=1e-6)

@@ -280,7 +280,14 @@ class Cell:
         return trained_g, trained_d
 
     def finish(self, selected: Selected, steps: Steps, g_table: torch.Tensor, d_table: torch.Tensor) -> IterationReport:
-        """Replacement by the re-evaluated fitness, the mixture and the report."""
+        """Replacement by the re-evaluated fitness, the mixture and the report. (A tile calls the
+        three parts itself, scoring all its cells' mixtures at once.)"""
+        self.replace(selected, g_table, d_table)
+        self._evolve_mixture(selected)
+        return self.conclude(selected, steps)
+
+    def replace(self, selected: Selected, g_table: torch.Tensor, d_table: torch.Tensor) -> None:
+        """The trained individuals' fitness, then the next local populations."""
         new_g, new_d = selected.generators, selected.discriminators
         self._assign(new_g, g_table, dim=1)
         self._assign(new_d, d_table, dim=0)
@@ -289,7 +296,39 @@ class Cell:
         self.generators = self._replace(self.generators, new_g)
         self.discriminators = self._replace(self.discriminators, new_d)
 
-        self._evolve_mixture([self.generators.best, *selected.foreign_g], [self.coord, *selected.others])
+    def _evolve_mixture(self, selected: Selected) -> None:
+        draw = self.mixture_draw(selected)
+        self.apply_mixture(draw, self.mixture_of(draw))
+
+    def mixture_draw(self, selected: Selected) -> MixtureDraw:
+        """The mixture's components (the new centre and the neighbours heard from), its weights so
+        far and the samples its score is measured on. Weights persist while the neighbourhood
+        does; a new one (first iteration, resize) starts from equal shares, as Lipizzaner's
+        mixtures do."""
+        keys = [str(c) for c in [self.coord, *selected.others]]
+        if set(keys) == set(self.mixture_weights) and sum(self.mixture_weights.values()) > 0:
+            weights = np.array([self.mixture_weights[k] for k in keys], dtype=np.float64)
+            weights /= weights.sum()
+        else:
+            weights = np.full(len(keys), 1.0 / len(keys))
+        generators = [self.generators.best, *selected.foreign_g]
+        samples = self.config.training.mixture.score_samples
+        per_component = max(2, -(-samples // len(generators)))
+        z = self._noise(per_component)
+        labels = self.data.sampled_labels(per_component)
+        return MixtureDraw(keys, weights, generators, z, labels, self.data.random(samples)[0])
+
+    def mixture_of(self, draw: MixtureDraw) -> MixtureScore:
+        """The score of any weighting of the drawn mixture (MMD² against its real draw)."""
+        return MixtureScore.from_samples(self._generate(draw.generators, draw.z, draw.labels), draw.real)
+
+    def apply_mixture(self, draw: MixtureDraw, score: MixtureScore) -> None:
+        """The (1+1)-ES's steps on the mixture's weights, judged by `score`."""
+        mixture = self.config.training.mixture
+        weights, self.score = evolve_weights(draw.weights, score, mixture.sigma, mixture.es_steps, self.rng)
+        self.mixture_weights = dict(zip(draw.keys, weights.tolist()))
+
+    def conclude(self, selected: Selected, steps: Steps) -> IterationReport:
         report = _report(self, steps, selected.heard)
         self.iteration += 1
         return report
@@ -339,20 +378,6 @@ class Cell:
 
     def _train(self, new_g: list[Individual], new_d: list[Individual]) -> Steps:
         return self.training.run(new_g, new_d, self.iteration)
-
-    def _evolve_mixture(self, generators: list[Individual], coords: list[Coord]) -> None:
-        mixture = self.config.training.mixture
-        keys = [str(c) for c in coords]
-        # Weights persist while the neighbourhood does; a new one (first iteration, resize)
-        # starts from equal shares, as Lipizzaner's mixtures do.
-        if set(keys) == set(self.mixture_weights) and sum(self.mixture_weights.values()) > 0:
-            weights = np.array([self.mixture_weights[k] for k in keys], dtype=np.float64)
-            weights /= weights.sum()
-        else:
-            weights = np.full(len(keys), 1.0 / len(keys))
-        score = self.mixture_score(generators, mixture.score_samples)
-        weights, self.score = evolve_weights(weights, score, mixture.sigma, mixture.es_steps, self.rng)
-        self.mixture_weights = dict(zip(keys, weights.tolist()))
 
     def mixture_score(self, generators: list[Individual], samples: int) -> MixtureScore:
         per_component = max(2, -(-samples // len(generators)))
@@ -423,6 +448,18 @@ class Selected:
     draw: FitnessDraw
     fakes: list[torch.Tensor]
     heard: dict[str, int]  # neighbour → the iteration of its snapshot
+
+
+@dataclass
+class MixtureDraw:
+    """A neighbourhood mixture's components, weights so far, and the samples its score uses."""
+
+    keys: list[str]
+    weights: np.ndarray
+    generators: list[Individual]
+    z: torch.Tensor
+    labels: torch.Tensor | None
+    real: torch.Tensor
 
 
 @dataclass

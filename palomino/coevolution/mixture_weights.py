@@ -46,6 +46,22 @@ def _block_means(kernel: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return blocks / ((n // rows) * (m // cols))
 
 
+def _batched_kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
+    """`_kernel` of J distance matrices (J, n, m), each with its own bandwidths (J, factors)."""
+    total, part = torch.zeros_like(d2), torch.empty_like(d2)
+    for coefficient in (-1.0 / (2 * bandwidths * bandwidths)).unbind(1):
+        torch.mul(d2, coefficient.to(d2.dtype)[:, None, None], out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
+        total.add_(part)
+    return total.div_(bandwidths.shape[1])
+
+
+def _batched_block_means(kernel: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """`_block_means` of J kernels (J, n, m) → (J, rows, cols)."""
+    jobs, n, m = kernel.shape
+    blocks = kernel.reshape(jobs, rows, n // rows, cols, m // cols).sum(dim=(2, 4), dtype=torch.float64)
+    return blocks / ((n // rows) * (m // cols))
+
+
 @dataclass(frozen=True)
 class MixtureScore:
     """MMD²(mixture(w), real) for any weight vector w over the components (lower is better)."""
@@ -88,6 +104,36 @@ class MixtureScore:
             per_component=per_component,
             bandwidths=tuple(back[count * count + count + 1 :].tolist()),
         )
+
+    @classmethod
+    def from_batch(
+        cls, fakes: torch.Tensor, real: torch.Tensor, factors: tuple[float, ...] = BANDWIDTH_FACTORS
+    ) -> list[MixtureScore]:
+        """`from_samples` of J mixtures at once: `fakes` (J, C, m, …), `real` (J, n, …); batched
+        distances and kernels, one read for all of them (a tile's cells, on a GPU)."""
+        jobs, count, per_component = fakes.shape[:3]
+        x = fakes.reshape(jobs, count * per_component, -1).float()
+        y = real.reshape(jobs, real.shape[1], -1).float()
+        xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
+        pooled = torch.cat([xx.flatten(1), xy.flatten(1), yy.flatten(1)], dim=1)
+        median = pooled[:, :: max(1, pooled.shape[1] // 4096)].median(dim=1).values.clamp_min(1e-12).sqrt()
+        bandwidths = median.double()[:, None] * torch.tensor(factors, dtype=torch.float64, device=median.device)
+        k_fake = _batched_block_means(_batched_kernel(xx, bandwidths), count, count)
+        k_cross = _batched_block_means(_batched_kernel(xy, bandwidths), count, 1).squeeze(2)
+        k_real = _batched_block_means(_batched_kernel(yy, bandwidths), 1, 1).reshape(jobs, 1)
+        back = to_host(torch.cat([k_fake.flatten(1), k_cross, k_real, bandwidths], dim=1))
+        size = count * count
+        return [
+            cls(
+                k_fake=row[:size].reshape(count, count),
+                k_cross_mean=row[size : size + count],
+                k_real_mean=float(row[size + count]),
+                components=count,
+                per_component=per_component,
+                bandwidths=tuple(row[size + count + 1 :].tolist()),
+            )
+            for row in back.unbind()
+        ]
 
     def __call__(self, weights: np.ndarray) -> float:
         w = torch.from_numpy(np.asarray(weights, dtype=np.float64))

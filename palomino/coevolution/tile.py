@@ -12,16 +12,18 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import torch
 from torch import Tensor
 
-from palomino.coevolution.cell import Cell, IterationReport, Prepared, Selected
-from palomino.coevolution.tile_fitness import batchable, tile_fitness
+from palomino.coevolution.cell import Cell, IterationReport, MixtureDraw, Prepared, Selected
+from palomino.coevolution.mixture_weights import MixtureScore
+from palomino.coevolution.tile_fitness import batchable, generate_each, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile
 from palomino.coevolution.training import read_means
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
 from palomino.nn.stack_layout import tileable
-from palomino.nn.stacked import stackable
+from palomino.nn.stacked import same_architecture, stackable
 from palomino.wire import Snapshot
 
 T = TypeVar("T")
@@ -94,7 +96,11 @@ class Tile:
             steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
             read_means(steps)
             tables = self._re_evaluate(selected, run)
-            return list(run(lambda a: a[0].finish(a[1], a[2], *a[3]), zip(self.cells, selected, steps, tables)))
+            list(run(lambda a: a[0].replace(a[1], *a[2]), zip(self.cells, selected, tables)))
+            draws = list(run(lambda a: a[0].mixture_draw(a[1]), zip(self.cells, selected)))
+            scores = self._mixtures(draws, run)
+            list(run(lambda a: a[0].apply_mixture(*a[1:]), zip(self.cells, draws, scores)))
+            return list(run(lambda a: a[0].conclude(*a[1:]), zip(self.cells, selected, steps)))
 
     def _fitness(self, prepared: list[Prepared], run: Callable) -> list[tuple[list[Tensor], Tensor, Tensor]]:
         """Every cell's fitness: as one stacked evaluation per stack where the networks allow
@@ -124,6 +130,35 @@ class Tile:
             return [self.cells[i].re_evaluate(selected[i]) for i in indices]
 
         return [done for part in run(part_tables, parts) for done in part]
+
+    def _mixtures(self, draws: list[MixtureDraw], run: Callable) -> list[MixtureScore]:
+        """Every cell's mixture score: one batched scoring per stack where allowed (`batched`, one
+        architecture of perceptrons, the same numbers of components and samples), else cell by cell."""
+        parts = _split(list(range(len(self.cells))), self.workers)
+
+        def part_scores(indices: list[int]) -> list[MixtureScore]:
+            chosen = [draws[i] for i in indices]
+            if self.batched and _same_mixture(chosen):
+                networks = [[g.network for g in draw.generators] for draw in chosen]
+                labels = None if chosen[0].labels is None else torch.stack([d.labels for d in chosen])  # type: ignore[misc]
+                fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels)
+                return MixtureScore.from_batch(fakes, torch.stack([d.real for d in chosen]))
+            return [self.cells[i].mixture_of(draws[i]) for i in indices]
+
+        return [done for part in run(part_scores, parts) for done in part]
+
+
+def _same_mixture(draws: list[MixtureDraw]) -> bool:
+    first = draws[0]
+    if any(
+        len(d.generators) != len(first.generators)
+        or d.z.shape != first.z.shape
+        or d.real.shape != first.real.shape
+        or (d.labels is None) != (first.labels is None)
+        for d in draws
+    ):
+        return False
+    return same_architecture([g.network for d in draws for g in d.generators])
 
 
 def _split(items: list[T], parts: int) -> list[list[T]]:

@@ -88,13 +88,8 @@ def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
     labels = torch.stack([job.labels for job in jobs]) if first.labels is not None else None  # type: ignore[misc]
     if first.fakes is not None:
         fakes = torch.stack([torch.stack(job.fakes) for job in jobs])  # type: ignore[arg-type]
-    else:  # each generator on its cell's z, as fitness.generate gives a cell's generators theirs
-        generators = [g for job in jobs for g in job.generators]
-        g_layout = StackedMLP.of(generators[0])
-        g_params = {k: v.detach() for k, v in stack(generators, g_layout.names).items()}
-        z = _per_member(torch.stack([job.z for job in jobs]), g_count)  # (J·G, B, latent)
-        fakes = _forward(g_layout, g_params, z, None if labels is None else _per_member(labels, g_count), count)
-        fakes = fakes.view(count, g_count, *fakes.shape[1:])  # (J, G, B, …)
+    else:
+        fakes = generate_each([job.generators for job in jobs], torch.stack([job.z for job in jobs]), labels)
     inputs = torch.cat([fakes, torch.stack([job.real for job in jobs])[:, None]], dim=1)  # (J, G+1, B, …)
     judge = _Judge(d_layout, d_params, count, labels)
     loss = first.loss
@@ -116,6 +111,20 @@ def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
         g_host = back[: count * g_rows * d_count].view(count, g_rows, d_count)
         d_host = back[count * g_rows * d_count :].view(count, g_count, d_cols)
     return [FitnessResult(list(fakes[j].unbind()), g_host[j], d_host[j]) for j in range(count)]
+
+
+@torch.no_grad()
+def generate_each(generators: Sequence[Sequence[nn.Module]], z: Tensor, labels: Tensor | None) -> Tensor:
+    """Job j's generators each on z[j] (labels[j]), as fitness.generate gives one cell's theirs:
+    samples (J, G, B, …) from one stacked call."""
+    count, g_count = len(generators), len(generators[0])
+    flat = [g for job in generators for g in job]
+    layout = StackedMLP.of(flat[0])
+    params = {k: v.detach() for k, v in stack(flat, layout.names).items()}
+    fakes = _forward(
+        layout, params, _per_member(z, g_count), None if labels is None else _per_member(labels, g_count), count
+    )
+    return fakes.view(count, g_count, *fakes.shape[1:])
 
 
 class _Judge:
