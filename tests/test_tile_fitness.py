@@ -100,3 +100,30 @@ def test_a_batch_of_mixtures_scores_as_each_alone() -> None:
         assert torch.allclose(score.k_cross_mean, alone.k_cross_mean, atol=1e-6)
         assert score.bandwidths == pytest.approx(alone.bandwidths, rel=1e-6)
         assert score(weights) == pytest.approx(alone(weights), abs=1e-6)
+
+
+def test_a_tile_too_large_for_one_evaluation_goes_in_chunks_and_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from palomino.coevolution import mixture_weights
+    from palomino.coevolution import tile_fitness as module
+    from palomino.coevolution.mixture_weights import MixtureScore
+
+    cells = cells_of({})
+    snapshots = {cell.coord: cell.snapshot() for cell in cells}
+    prepared = [cell.prepare({n: snapshots[n] for n in cell.topology.neighbours(cell.coord)}) for cell in cells]
+    jobs = [cell.fitness_job(p) for cell, p in zip(cells, prepared)]
+    whole = module.tile_fitness(jobs)
+    monkeypatch.setitem(module.ACTIVATION_BUDGET, "cpu", 1)  # one job a chunk
+    with host.counting() as traffic:
+        chunked = module.tile_fitness(jobs)
+    assert traffic.reads == 1
+    for a, b in zip(whole, chunked):
+        assert torch.equal(a.g_table, b.g_table) and torch.equal(a.d_table, b.d_table)
+
+    fakes = torch.randn(5, 3, 10, 2, generator=torch.Generator().manual_seed(1))
+    real = torch.randn(5, 30, 2, generator=torch.Generator().manual_seed(2))
+    at_once = MixtureScore.from_batch(fakes, real)
+    monkeypatch.setitem(mixture_weights.BATCH_BUDGET, "cpu", 1)
+    with host.counting() as traffic:
+        in_chunks = MixtureScore.from_batch(fakes, real)
+    assert traffic.reads == 1
+    assert all(torch.allclose(a.k_fake, b.k_fake) for a, b in zip(at_once, in_chunks))

@@ -46,6 +46,25 @@ def _block_means(kernel: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return blocks / ((n // rows) * (m // cols))
 
 
+# Distance and kernel matrices one batched scoring may hold (a tile's mixtures go in chunks).
+BATCH_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
+
+
+def _batch_values(fakes: torch.Tensor, real: torch.Tensor, factors: tuple[float, ...]) -> torch.Tensor:
+    """For each of J mixtures, on the device: its k_fake (C·C), k_cross (C), k_real, bandwidths."""
+    jobs, count, per_component = fakes.shape[:3]
+    x = fakes.reshape(jobs, count * per_component, -1).float()
+    y = real.reshape(jobs, real.shape[1], -1).float()
+    xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
+    pooled = torch.cat([xx.flatten(1), xy.flatten(1), yy.flatten(1)], dim=1)
+    median = pooled[:, :: max(1, pooled.shape[1] // 4096)].median(dim=1).values.clamp_min(1e-12).sqrt()
+    bandwidths = median.double()[:, None] * torch.tensor(factors, dtype=torch.float64, device=median.device)
+    k_fake = _batched_block_means(_batched_kernel(xx, bandwidths), count, count)
+    k_cross = _batched_block_means(_batched_kernel(xy, bandwidths), count, 1).squeeze(2)
+    k_real = _batched_block_means(_batched_kernel(yy, bandwidths), 1, 1).reshape(jobs, 1)
+    return torch.cat([k_fake.flatten(1), k_cross, k_real, bandwidths], dim=1)
+
+
 def _batched_kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
     """`_kernel` of J distance matrices (J, n, m), each with its own bandwidths (J, factors)."""
     total, part = torch.zeros_like(d2), torch.empty_like(d2)
@@ -110,27 +129,25 @@ class MixtureScore:
         cls, fakes: torch.Tensor, real: torch.Tensor, factors: tuple[float, ...] = BANDWIDTH_FACTORS
     ) -> list[MixtureScore]:
         """`from_samples` of J mixtures at once: `fakes` (J, C, m, …), `real` (J, n, …); batched
-        distances and kernels, one read for all of them (a tile's cells, on a GPU)."""
+        distances and kernels (in chunks whose matrices fit BATCH_BUDGET), one read for all."""
         jobs, count, per_component = fakes.shape[:3]
-        x = fakes.reshape(jobs, count * per_component, -1).float()
-        y = real.reshape(jobs, real.shape[1], -1).float()
-        xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
-        pooled = torch.cat([xx.flatten(1), xy.flatten(1), yy.flatten(1)], dim=1)
-        median = pooled[:, :: max(1, pooled.shape[1] // 4096)].median(dim=1).values.clamp_min(1e-12).sqrt()
-        bandwidths = median.double()[:, None] * torch.tensor(factors, dtype=torch.float64, device=median.device)
-        k_fake = _batched_block_means(_batched_kernel(xx, bandwidths), count, count)
-        k_cross = _batched_block_means(_batched_kernel(xy, bandwidths), count, 1).squeeze(2)
-        k_real = _batched_block_means(_batched_kernel(yy, bandwidths), 1, 1).reshape(jobs, 1)
-        back = to_host(torch.cat([k_fake.flatten(1), k_cross, k_real, bandwidths], dim=1))
-        size = count * count
+        rows = count * per_component + real.shape[1]
+        budget = BATCH_BUDGET.get(fakes.device.type, BATCH_BUDGET["cuda"])
+        size = max(1, budget // (rows * rows * 4 * 5))  # three distance matrices and two kernel buffers
+        values = [
+            _batch_values(fakes[start : start + size], real[start : start + size], factors)
+            for start in range(0, jobs, size)
+        ]
+        back = to_host(torch.cat(values))
+        square = count * count
         return [
             cls(
-                k_fake=row[:size].reshape(count, count),
-                k_cross_mean=row[size : size + count],
-                k_real_mean=float(row[size + count]),
+                k_fake=row[:square].reshape(count, count),
+                k_cross_mean=row[square : square + count],
+                k_real_mean=float(row[square + count]),
                 components=count,
                 per_component=per_component,
-                bandwidths=tuple(row[size + count + 1 :].tolist()),
+                bandwidths=tuple(row[square + count + 1 :].tolist()),
             )
             for row in back.unbind()
         ]

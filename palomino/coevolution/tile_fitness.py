@@ -73,15 +73,47 @@ def batchable(jobs: Sequence[FitnessJob]) -> bool:
     return made and first.sample_count > 0 and same_architecture(discriminators)
 
 
+# Activations one batched evaluation may hold: a tile's cells are evaluated in chunks of jobs
+# that fit (MNIST perceptrons, 1,000 fitness samples: ~90 MB a cell), and read back once.
+ACTIVATION_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
+
+
 @torch.no_grad()
 def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
-    """Every job's samples and tables, from a few stacked calls and one read. Tables are cut as
-    fitness_tables cuts them (`generators` rows, `critics` columns) and computed as it computes
-    them: the whole table in one evaluation, a part in two."""
+    """Every job's samples and tables, from a few stacked calls a chunk and one read. Tables are
+    cut as fitness_tables cuts them (`generators` rows, `critics` columns) and computed as it
+    computes them: the whole table in one evaluation, a part in two."""
     first = jobs[0]
-    count, g_count, d_count = len(jobs), first.sample_count, len(first.discriminators)
+    g_count, d_count = first.sample_count, len(first.discriminators)
     g_rows = g_count if first.generators_needed is None else first.generators_needed
     d_cols = d_count if first.critics_needed is None else first.critics_needed
+    size = _chunk(jobs)
+    chunks = [_evaluate(jobs[start : start + size], g_rows, d_cols) for start in range(0, len(jobs), size)]
+    back = to_host(torch.cat([values for _, values in chunks]))  # one read for the tile
+    per_job = g_rows * d_count + g_count * d_cols
+    results = []
+    for index, fakes in enumerate(f for chunk, _ in chunks for f in chunk.unbind()):
+        row = back[index * per_job : (index + 1) * per_job]
+        g_table = row[: g_rows * d_count].view(g_rows, d_count)
+        d_table = row[g_rows * d_count :].view(g_count, d_cols)
+        results.append(FitnessResult(list(fakes.unbind()), g_table, d_table))
+    return results
+
+
+def _chunk(jobs: Sequence[FitnessJob]) -> int:
+    """How many jobs one evaluation takes: the discriminators' widest layer on every input row."""
+    first = jobs[0]
+    width = max(p.shape[0] for p in first.discriminators[0].parameters() if p.dim() == 2)
+    rows = len(first.discriminators) * (first.sample_count + 1) * len(first.real)
+    budget = ACTIVATION_BUDGET.get(first.real.device.type, ACTIVATION_BUDGET["cuda"])
+    return max(1, budget // (rows * width * first.real.element_size() * 3))
+
+
+def _evaluate(jobs: Sequence[FitnessJob], g_rows: int, d_cols: int) -> tuple[Tensor, Tensor]:
+    """(fakes (J, G, B, …), the jobs' tables flat on the device: each job's generator table
+    (g_rows × D), then its discriminator table (G × d_cols))."""
+    first = jobs[0]
+    count, g_count, d_count = len(jobs), first.sample_count, len(first.discriminators)
     discriminators = [d for job in jobs for d in job.discriminators]
     d_layout = StackedMLP.of(discriminators[0])
     d_params = {k: v.detach() for k, v in stack(discriminators, d_layout.names).items()}
@@ -98,19 +130,15 @@ def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
         d_fake, d_real = logits[:, :, :g_count], logits[:, :, g_count]
         g_tables = loss.generator(d_fake).transpose(1, 2)  # (J, G, D)
         d_tables = loss.discriminator_from_logits(d_real[:, :, None], d_fake).transpose(1, 2)
-        g_host, d_host = to_host(torch.stack([g_tables, d_tables])).unbind()  # one read for the tile
     else:
-        parts = []
-        if g_rows:
-            parts.append(loss.generator(judge(fakes[:, :g_rows], d_count)).transpose(1, 2).flatten())
+        empty = fakes.new_zeros(count, 0)
+        g_tables = loss.generator(judge(fakes[:, :g_rows], d_count)).transpose(1, 2) if g_rows else empty
+        d_tables = empty
         if d_cols:
             logits = judge(inputs, d_cols)  # each cell's first `d_cols` discriminators
             own = loss.discriminator_from_logits(logits[:, :, g_count, None], logits[:, :, :g_count])
-            parts.append(own.transpose(1, 2).flatten())
-        back = to_host(torch.cat(parts)) if parts else torch.empty(0)  # one read for the tile
-        g_host = back[: count * g_rows * d_count].view(count, g_rows, d_count)
-        d_host = back[count * g_rows * d_count :].view(count, g_count, d_cols)
-    return [FitnessResult(list(fakes[j].unbind()), g_host[j], d_host[j]) for j in range(count)]
+            d_tables = own.transpose(1, 2)
+    return fakes, torch.cat([g_tables.reshape(count, -1), d_tables.reshape(count, -1)], dim=1).flatten()
 
 
 @torch.no_grad()
