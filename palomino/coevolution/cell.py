@@ -21,7 +21,7 @@ from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights
 from palomino.coevolution.networks import NeighbourSlots, Networks
 from palomino.coevolution.selection import neighbourhood_select, replace
 from palomino.coevolution.tile_fitness import FitnessJob
-from palomino.coevolution.training import Steps, Training
+from palomino.coevolution.training import Steps, Training, stacked
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset, label_count
 from palomino.grid import ClassGrid, Coord, Topology
@@ -488,11 +488,11 @@ def _report(cell: Cell, steps: Steps, neighbours: dict[str, int]) -> IterationRe
 
 
 def _summary(best: Individual, steps: Steps, role: str) -> dict[str, float]:
-    losses: list[torch.Tensor] = getattr(steps, role)
+    losses = getattr(steps, role)
     if steps.means is not None:  # read back already, with the rest of a tile's
         loss = steps.means[role]
     else:
-        loss = scalar(torch.stack(losses).mean()) if losses else float("nan")
+        loss = scalar(stacked(losses).mean()) if len(losses) else float("nan")
     return {
         "loss": loss,
         "fitness": best.fitness,

@@ -348,11 +348,18 @@ class _Lockstep:
         role.adam.step(dict(zip(role.params, grads)), rates, mask)
 
     def _collect(self, role: _Role, history: list[tuple[Tensor, list[bool]]], name: str) -> None:
-        """Each lane's step losses in Training.run's order (step by step, member by member)."""
-        for values, active in history:
-            for member, value in enumerate(values.unbind()):
-                if active[member]:
-                    getattr(self.steps[role.lane_of[member]], name).append(value)
+        """Each lane's step losses in Training.run's order (step by step, member by member), as
+        one tensor a lane: a few ops a lane an iteration, not one a member and step."""
+        if not history:
+            return
+        values = torch.stack([v for v, _ in history])  # (steps, members)
+        active = np.array([a for _, a in history])
+        for lane, first in enumerate(role.first):
+            end = role.first[lane + 1] if lane + 1 < len(role.first) else len(role.individuals)
+            mask = active[:, first:end]
+            if mask.any():
+                rows = torch.from_numpy(np.flatnonzero(mask.ravel()))
+                setattr(self.steps[lane], name, values[:, first:end].reshape(-1)[upload(rows, self.device)])
 
 
 def _on(device: torch.device, values: list, dtype: torch.dtype) -> Tensor:

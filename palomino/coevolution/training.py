@@ -23,16 +23,22 @@ class Steps:
     """What the steps did: the losses drawn, and each step's loss (on the device, unsynchronised)."""
 
     losses_used: Counter[str] = field(default_factory=Counter)
-    generator: list[torch.Tensor] = field(default_factory=list)
-    discriminator: list[torch.Tensor] = field(default_factory=list)
+    # Each step's loss in order: a list (one cell) or one tensor (a tile's lane).
+    generator: list[torch.Tensor] | torch.Tensor = field(default_factory=list)
+    discriminator: list[torch.Tensor] | torch.Tensor = field(default_factory=list)
     means: dict[str, float] | None = None  # each role's mean step loss, once read back (read_means)
+
+
+def stacked(losses: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """Step losses as one tensor (a lane's are one already)."""
+    return losses if isinstance(losses, torch.Tensor) else torch.stack(losses)
 
 
 def read_means(done: list[Steps]) -> None:
     """Every Steps' mean generator and discriminator loss, read back in one go (a tile's cells
     would otherwise read two numbers each)."""
     parts = [
-        torch.stack(losses).mean() if losses else None
+        stacked(losses).mean() if len(losses) else None
         for steps in done
         for losses in (steps.generator, steps.discriminator)
     ]
