@@ -44,13 +44,14 @@ wall time with a synchronize on CUDA.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -188,11 +189,6 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     cells = make_cells(config, dataset)
     tile = Tile(cells)
     phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
-    originals = _phases_of_cell()
-    import palomino.coevolution.tile as tile_module
-
-    train_original = tile_module.train_tile
-
     inside = [False]  # a phase inside another (a cell's fallback in the tile's batched call) is the outer's
 
     def timed(name: str, fn: Callable) -> Callable:
@@ -211,13 +207,7 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
 
     seen = neighbourhoods(cells)
     tile.iterate(seen)  # warm-up iteration
-    tile_originals = _phases_of_tile()
-    for name, fn in originals.items():
-        setattr(Cell, name, timed(PHASE_OF[name], fn))
-    for name, fn in tile_originals.items():
-        setattr(Tile, name, timed(TILE_PHASES[name], fn))
-    tile_module.train_tile = timed("train", train_original)
-    try:
+    with phases_wrapped(timed):
         total = 0.0
         for _ in range(args.iterations):
             start = clock.read()
@@ -226,12 +216,6 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
             if clock.cuda:
                 torch.cuda.synchronize()
             total += clock.read() - start
-    finally:
-        for name, fn in originals.items():
-            setattr(Cell, name, fn)
-        tile_module.train_tile = train_original
-        for name, fn in tile_originals.items():
-            setattr(Tile, name, fn)
     per = total / args.iterations
     iterations = math.ceil(args.project / args.batches)
     print(
@@ -287,10 +271,30 @@ def _phases_of_tile() -> dict[str, Callable]:
     return {name: getattr(Tile, name) for name in TILE_PHASES if hasattr(Tile, name)}
 
 
-def count_iteration(cells: list[Cell]) -> dict:
-    """One whole iteration of `cells` as one tile (after a warm-up one), counted by phase."""
+@contextlib.contextmanager
+def phases_wrapped(wrap: Callable[[str, Callable], Callable]) -> Iterator[None]:
+    """The cell's and the tile's phase methods and train_tile replaced by `wrap(phase, fn)` while
+    the block runs (whichever of them this revision has), and put back after."""
     import palomino.coevolution.tile as tile_module
 
+    cell_originals, tile_originals, train_original = _phases_of_cell(), _phases_of_tile(), tile_module.train_tile
+    for name, fn in cell_originals.items():
+        setattr(Cell, name, wrap(PHASE_OF[name], fn))
+    for name, fn in tile_originals.items():
+        setattr(Tile, name, wrap(TILE_PHASES[name], fn))
+    tile_module.train_tile = wrap("train", train_original)
+    try:
+        yield
+    finally:
+        for name, fn in cell_originals.items():
+            setattr(Cell, name, fn)
+        for name, fn in tile_originals.items():
+            setattr(Tile, name, fn)
+        tile_module.train_tile = train_original
+
+
+def count_iteration(cells: list[Cell]) -> dict:
+    """One whole iteration of `cells` as one tile (after a warm-up one), counted by phase."""
     tile = Tile(cells, batched=True)  # what a GPU runs (a CPU evaluates fitness cell by cell)
     tile.iterate(neighbourhoods(cells))  # warm-up: slots built, first reshuffles
     counter = OpCounter()
@@ -317,28 +321,14 @@ def count_iteration(cells: list[Cell]) -> dict:
 
         return wrapper
 
-    originals = _phases_of_cell()
-    train_original, tile_originals = tile_module.train_tile, _phases_of_tile()
-    for name, fn in originals.items():
-        setattr(Cell, name, phased(PHASE_OF[name], fn))
-    for name, fn in tile_originals.items():
-        setattr(Tile, name, phased(TILE_PHASES[name], fn))
-    tile_module.train_tile = phased("train", train_original)
-    try:
-        with counter:
-            if host is not None:
-                with host.counting() as traffic:
-                    tile.iterate(phased("exchange", neighbourhoods)(cells))
-                reads["other"] = traffic.reads - sum(reads.values())
-                uploads["other"] = traffic.uploads - sum(uploads.values())
-            else:
+    with phases_wrapped(phased), counter:
+        if host is not None:
+            with host.counting() as traffic:
                 tile.iterate(phased("exchange", neighbourhoods)(cells))
-    finally:
-        for name, fn in originals.items():
-            setattr(Cell, name, fn)
-        tile_module.train_tile = train_original
-        for name, fn in tile_originals.items():
-            setattr(Tile, name, fn)
+            reads["other"] = traffic.reads - sum(reads.values())
+            uploads["other"] = traffic.uploads - sum(uploads.values())
+        else:
+            tile.iterate(phased("exchange", neighbourhoods)(cells))
     syncs = {p: reads[p] for p in PHASES} if host is not None else None
     return {"ops": {p: counter.ops[p] for p in PHASES}, "syncs": syncs, "uploads": dict(uploads)}
 
