@@ -116,9 +116,7 @@ class Cell:
         self.mixture_weights: dict[str, float] = {str(self.coord): 1.0}
         self.score = float("nan")
         self.data = CellData(dataset, self.rng, self.device, labelled=self.conditional)
-        self.training = Training(
-            config.training, self.data, self.rng, self.torch_rng, self._noise, config.network.latent_dim
-        )
+        self.training = Training(config.training, self.data, self.rng, self.torch_rng, config.network.latent_dim)
 
     def relocate(self, coord: Coord, topology: Topology | ClassGrid) -> None:
         """Move to another coordinate / grid (a distributed run shrank); the individuals come along."""

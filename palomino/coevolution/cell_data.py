@@ -93,16 +93,13 @@ class CellData:
         self.cursor += size
         return index
 
-    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The samples at `index` (on the device) and, for labelled data, their labels."""
-        return self._take(index)
-
     def random(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """n samples drawn with replacement (fitness and mixture scores), with their labels."""
         index = upload(torch.from_numpy(self.rng.integers(0, len(self.samples), size=n)), self.device)
-        return self._take(index)
+        return self.take(index)
 
-    def _take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The samples at `index` (on the device) and, for labelled data, their labels."""
         return self.samples[index], None if self.labels is None else self.labels[index]
 
     def sampled_labels(self, n: int) -> torch.Tensor | None:

@@ -66,9 +66,11 @@ def draw_plan(
     torch_rng: torch.Generator,
     latent: int,
     rates: tuple[list[float], list[float]],
+    batches_per_iteration: int,
 ) -> IterationPlan:
-    """The plan of one iteration for selected sub-populations whose rates are `rates` (generators,
-    discriminators). Draws from `rng` exactly as the steps used to, step by step."""
+    """The plan of one iteration of `batches_per_iteration` steps for selected sub-populations
+    whose rates are `rates` (generators, discriminators). Draws from `rng` exactly as the steps
+    used to, step by step."""
     g_rates, d_rates = list(rates[0]), list(rates[1])
     skip = config.discriminator_skip_each_nth_step
     batches, steps, label_draws, torch_draws = [], [], [], []  # torch_draws: "noise" / "eps", in order
@@ -88,8 +90,7 @@ def draw_plan(
         )
         return rates[member]
 
-    steps_count = config.batches_per_iteration or max(1, len(data) // config.batch_size)
-    for step in range(steps_count):
+    for step in range(batches_per_iteration):
         batches.append(data.next_indices(config.batch_size))
         loss = config.losses[int(rng.integers(len(config.losses)))]
         losses_used[loss] = losses_used.get(loss, 0) + 1

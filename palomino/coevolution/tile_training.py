@@ -124,7 +124,6 @@ class _Tables:
         samples, labels, offsets = data.of(lanes)
         self.samples, self.labels = samples, labels
         noise_rows = _offsets([len(plan.noise) for plan in plans])
-        label_rows = _offsets([0 if plan.label_draws is None else len(plan.label_draws) for plan in plans])
         eps_rows = _offsets([0 if plan.eps is None else len(plan.eps) for plan in plans])
         self.noise = torch.cat([plan.noise for plan in plans])
         epses = [plan.eps for plan in plans if plan.eps is not None]
@@ -165,23 +164,18 @@ class _Tables:
                     self.rates["d"][step, member] = move.rate
                 for k in range(len(lanes[lane].discriminators)):  # each member sees its lane's batch
                     long["d_real"][step, d.first[lane] + k] = plan.batches[step] + offsets[lane]
-        del label_rows  # a plan's label rows are its own: read above through plan.label_draws
         self.g_opponents = long["g_opponent"].tolist()
         self.d_opponents = long["d_opponent"].tolist()
-        # The integer tables and the masks each in one copy to the device, then cut into views.
-        device = samples.device
-        self.on_device = _views(
-            upload(torch.from_numpy(np.concatenate([v.ravel() for v in long.values()])), device), long
-        )
-        masks = {"g": self.g_active, "d": self.d_active}
-        flat = upload(torch.from_numpy(np.concatenate([m.ravel() for m in masks.values()])), device)
-        self.active_on = _views(flat, masks)
+        # The integer tables and the masks each in one copy to the device.
+        self.on_device = _upload_all(long, samples.device)
+        self.active_on = _upload_all({"g": self.g_active, "d": self.d_active}, samples.device)
 
 
-def _views(flat: Tensor, shapes: dict[str, np.ndarray]) -> dict[str, Tensor]:
-    """`flat` (the arrays of `shapes` raveled one after another) cut back into one view each."""
+def _upload_all(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
+    """Host arrays of one dtype on the device in one copy, cut back into one view each."""
+    flat = upload(torch.from_numpy(np.concatenate([value.ravel() for value in arrays.values()])), device)
     out, start = {}, 0
-    for name, value in shapes.items():
+    for name, value in arrays.items():
         out[name] = flat[start : start + value.size].view(value.shape)
         start += value.size
     return out
@@ -247,9 +241,7 @@ class _Lockstep:
             role: self.tables.rates[role] * np.array([self.scales[lane] for lane in members.lane_of])
             for role, members in (("g", self.g), ("d", self.d))
         }
-        self.rates = _views(
-            upload(torch.from_numpy(np.concatenate([v.ravel() for v in scaled.values()])), self.device), scaled
-        )
+        self.rates = _upload_all(scaled, self.device)
         self.g_losses: list[tuple[Tensor, list[bool]]] = []
         self.d_losses: list[tuple[Tensor, list[bool]]] = []
 

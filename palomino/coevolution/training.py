@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,13 +50,12 @@ def read_means(done: list[Steps]) -> None:
 
 @dataclass
 class Training:
-    """The cell's training context: its settings, data, random streams and noise."""
+    """The cell's training context: its settings, data and random streams."""
 
     config: TrainingConfig
     data: CellData
     rng: np.random.Generator
     torch_rng: torch.Generator
-    noise: Callable[[int], torch.Tensor]
     latent_dim: int
 
     def batches_per_iteration(self) -> int:
@@ -66,7 +64,9 @@ class Training:
     def plan(self, new_g: list[Individual], new_d: list[Individual]) -> IterationPlan:
         """This iteration's draws, from the cell's streams in the order the steps use them."""
         rates = ([ind.learning_rate for ind in new_g], [ind.learning_rate for ind in new_d])
-        return draw_plan(self.config, self.data, self.rng, self.torch_rng, self.latent_dim, rates)
+        return draw_plan(
+            self.config, self.data, self.rng, self.torch_rng, self.latent_dim, rates, self.batches_per_iteration()
+        )
 
     def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int) -> Steps:
         """Each batch: every selected generator steps against a random selected discriminator,
