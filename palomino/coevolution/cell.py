@@ -205,18 +205,21 @@ class Cell:
 
     def fitness_job(self, prepared: Prepared) -> FitnessJob:
         """What `fitness` evaluates, for a tile to evaluate with its other cells' (tile_fitness.py)."""
-        draw = prepared.draw
         alone = self.config.training.selection.migration == 0
-        return FitnessJob(
-            [g.network for g in prepared.all_g],
-            [d.network for d in prepared.all_d],
-            draw.z,
-            draw.real,
-            draw.labels,
-            self.fitness_loss,
+        return self._job(
+            prepared.draw,
+            prepared.all_g,
+            prepared.all_d,
             generators_needed=len(self.generators) if alone else None,
             critics_needed=len(self.discriminators) if alone else None,
         )
+
+    def _job(
+        self, draw: FitnessDraw, generators: list[Individual], discriminators: list[Individual], **cut: Any
+    ) -> FitnessJob:
+        """These generators against these discriminators on the iteration's fitness draw."""
+        networks = [g.network for g in generators], [d.network for d in discriminators]
+        return FitnessJob(*networks, draw.z, draw.real, draw.labels, self.fitness_loss, **cut)
 
     def choose(
         self, prepared: Prepared, fakes: list[torch.Tensor], g_table: torch.Tensor, d_table: torch.Tensor
@@ -255,26 +258,8 @@ class Cell:
 
     def re_evaluation_jobs(self, selected: Selected) -> tuple[FitnessJob, FitnessJob]:
         """What `re_evaluate` evaluates, as two jobs for a tile to batch with its other cells'."""
-        draw = selected.draw
-        trained_g = FitnessJob(
-            [g.network for g in selected.generators],
-            [d.network for d in selected.all_d],
-            draw.z,
-            draw.real,
-            draw.labels,
-            self.fitness_loss,
-            critics_needed=0,
-        )
-        trained_d = FitnessJob(
-            [],
-            [d.network for d in selected.discriminators],
-            draw.z,
-            draw.real,
-            draw.labels,
-            self.fitness_loss,
-            generators_needed=0,
-            fakes=selected.fakes,
-        )
+        trained_g = self._job(selected.draw, selected.generators, selected.all_d, critics_needed=0)
+        trained_d = self._job(selected.draw, [], selected.discriminators, generators_needed=0, fakes=selected.fakes)
         return trained_g, trained_d
 
     def finish(self, selected: Selected, steps: Steps, g_table: torch.Tensor, d_table: torch.Tensor) -> IterationReport:
