@@ -105,7 +105,6 @@ class Tile:
     def _fitness(self, prepared: list[Prepared], run: Callable) -> list[tuple[list[Tensor], Tensor, Tensor]]:
         """Every cell's fitness: as one stacked evaluation per stack where the networks allow
         (tile_fitness.py), else cell by cell."""
-        parts = _split(list(range(len(self.cells))), self.workers)
 
         def part_fitness(indices: list[int]) -> list[tuple[list[Tensor], Tensor, Tensor]]:
             jobs = [self.cells[i].fitness_job(prepared[i]) for i in indices]
@@ -113,12 +112,11 @@ class Tile:
                 return [(r.fakes, r.g_table, r.d_table) for r in tile_fitness(jobs)]
             return [self.cells[i].fitness(prepared[i]) for i in indices]
 
-        return [done for part in run(part_fitness, parts) for done in part]
+        return self._per_stack(part_fitness, run)
 
     def _re_evaluate(self, selected: list[Selected], run: Callable) -> list[tuple[Tensor, Tensor]]:
         """Every cell's re-evaluation of its trained individuals: batched per stack where the
         networks allow (two reads a stack), else cell by cell."""
-        parts = _split(list(range(len(self.cells))), self.workers)
 
         def part_tables(indices: list[int]) -> list[tuple[Tensor, Tensor]]:
             jobs = [self.cells[i].re_evaluation_jobs(selected[i]) for i in indices]
@@ -129,12 +127,11 @@ class Tile:
                 return list(zip(g_tables, d_tables))
             return [self.cells[i].re_evaluate(selected[i]) for i in indices]
 
-        return [done for part in run(part_tables, parts) for done in part]
+        return self._per_stack(part_tables, run)
 
     def _mixtures(self, draws: list[MixtureDraw], run: Callable) -> list[MixtureScore]:
         """Every cell's mixture score: one batched scoring per stack where allowed (`batched`, one
         architecture of perceptrons, the same numbers of components and samples), else cell by cell."""
-        parts = _split(list(range(len(self.cells))), self.workers)
 
         def part_scores(indices: list[int]) -> list[MixtureScore]:
             chosen = [draws[i] for i in indices]
@@ -145,7 +142,12 @@ class Tile:
                 return MixtureScore.from_batch(fakes, torch.stack([d.real for d in chosen]))
             return [self.cells[i].mixture_of(draws[i]) for i in indices]
 
-        return [done for part in run(part_scores, parts) for done in part]
+        return self._per_stack(part_scores, run)
+
+    def _per_stack(self, work: Callable[[list[int]], list[T]], run: Callable) -> list[T]:
+        """`work` on each stack's cells (their indices, in contiguous runs), results in cell order."""
+        parts = _split(list(range(len(self.cells))), self.workers)
+        return [done for part in run(work, parts) for done in part]
 
 
 def _same_mixture(draws: list[MixtureDraw]) -> bool:
