@@ -30,55 +30,42 @@ def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
-    """The mean of the Gaussian kernels at these bandwidths (float64, on the device: no read-back
-    before the kernels), in two buffers the size of `d2`."""
+    """The mean of the Gaussian kernels at these bandwidths, in two buffers the size of `d2`:
+    distances (…, n, m), bandwidths (…, factors) in float64 on the device (no read-back before the
+    kernels), one set of them per leading index (one mixture, or a tile's batch of them)."""
     total, part = torch.zeros_like(d2), torch.empty_like(d2)
-    for coefficient in (-1.0 / (2 * bandwidths * bandwidths)).unbind():
-        torch.mul(d2, coefficient, out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
+    for coefficient in (-1.0 / (2 * bandwidths * bandwidths)).unbind(-1):
+        torch.mul(d2, coefficient.to(d2.dtype)[..., None, None], out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
         total.add_(part)
-    return total.div_(len(bandwidths))
+    return total.div_(bandwidths.shape[-1])
 
 
 def _block_means(kernel: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Means over (rows × cols) blocks, summed in float64 (on the device)."""
-    n, m = kernel.shape
-    blocks = kernel.reshape(rows, n // rows, cols, m // cols).sum(dim=(1, 3), dtype=torch.float64)
+    """Means over (rows × cols) blocks of the last two axes, summed in float64 (on the device)."""
+    *lead, n, m = kernel.shape
+    blocks = kernel.reshape(*lead, rows, n // rows, cols, m // cols).sum(dim=(-3, -1), dtype=torch.float64)
     return blocks / ((n // rows) * (m // cols))
+
+
+def _values(x: torch.Tensor, y: torch.Tensor, count: int, factors: tuple[float, ...]) -> torch.Tensor:
+    """k_fake (C·C), k_cross (C), k_real and the bandwidths, side by side on the device, of the
+    mixture whose C components' samples are the rows of `x` (…, C·m, F) against real `y` (…, n, F);
+    leading axes are independent mixtures. Distances in float32 (the cost is here), three blocks
+    (real-vs-fake is the transpose of fake-vs-real); the quadratic form's terms in float64."""
+    xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
+    # Median heuristic on a strided subsample: the median of a million entries costs more than
+    # the kernels, and a few thousand pin it down.
+    pooled = torch.cat([xx.flatten(-2), xy.flatten(-2), yy.flatten(-2)], dim=-1)
+    median = pooled[..., :: max(1, pooled.shape[-1] // 4096)].median(dim=-1).values.clamp_min(1e-12).sqrt()
+    bandwidths = median.double()[..., None] * torch.tensor(factors, dtype=torch.float64, device=median.device)
+    k_fake = _block_means(_kernel(xx, bandwidths), count, count)
+    k_cross = _block_means(_kernel(xy, bandwidths), count, 1).squeeze(-1)
+    k_real = _block_means(_kernel(yy, bandwidths), 1, 1).flatten(-2)
+    return torch.cat([k_fake.flatten(-2), k_cross, k_real, bandwidths], dim=-1)
 
 
 # Distance and kernel matrices one batched scoring may hold (a tile's mixtures go in chunks).
 BATCH_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
-
-
-def _batch_values(fakes: torch.Tensor, real: torch.Tensor, factors: tuple[float, ...]) -> torch.Tensor:
-    """For each of J mixtures, on the device: its k_fake (C·C), k_cross (C), k_real, bandwidths."""
-    jobs, count, per_component = fakes.shape[:3]
-    x = fakes.reshape(jobs, count * per_component, -1).float()
-    y = real.reshape(jobs, real.shape[1], -1).float()
-    xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
-    pooled = torch.cat([xx.flatten(1), xy.flatten(1), yy.flatten(1)], dim=1)
-    median = pooled[:, :: max(1, pooled.shape[1] // 4096)].median(dim=1).values.clamp_min(1e-12).sqrt()
-    bandwidths = median.double()[:, None] * torch.tensor(factors, dtype=torch.float64, device=median.device)
-    k_fake = _batched_block_means(_batched_kernel(xx, bandwidths), count, count)
-    k_cross = _batched_block_means(_batched_kernel(xy, bandwidths), count, 1).squeeze(2)
-    k_real = _batched_block_means(_batched_kernel(yy, bandwidths), 1, 1).reshape(jobs, 1)
-    return torch.cat([k_fake.flatten(1), k_cross, k_real, bandwidths], dim=1)
-
-
-def _batched_kernel(d2: torch.Tensor, bandwidths: torch.Tensor) -> torch.Tensor:
-    """`_kernel` of J distance matrices (J, n, m), each with its own bandwidths (J, factors)."""
-    total, part = torch.zeros_like(d2), torch.empty_like(d2)
-    for coefficient in (-1.0 / (2 * bandwidths * bandwidths)).unbind(1):
-        torch.mul(d2, coefficient.to(d2.dtype)[:, None, None], out=part).clamp_min_(SMALLEST_EXPONENT).exp_()
-        total.add_(part)
-    return total.div_(bandwidths.shape[1])
-
-
-def _batched_block_means(kernel: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """`_block_means` of J kernels (J, n, m) → (J, rows, cols)."""
-    jobs, n, m = kernel.shape
-    blocks = kernel.reshape(jobs, rows, n // rows, cols, m // cols).sum(dim=(2, 4), dtype=torch.float64)
-    return blocks / ((n // rows) * (m // cols))
 
 
 @dataclass(frozen=True)
@@ -101,28 +88,9 @@ class MixtureScore:
         per_component, count = fakes[0].shape[0], len(fakes)
         x = torch.cat([f.reshape(per_component, -1) for f in fakes]).float()
         y = real.reshape(real.shape[0], -1).float()
-        # Distances in float32 (the cost is here), three blocks (real-vs-fake is the transpose of
-        # fake-vs-real); the quadratic form in the weights is then evaluated in float64.
-        xx, xy, yy = (_squared_distances(a, b) for a, b in ((x, x), (x, y), (y, y)))
-        # Median heuristic on a strided subsample: the median of a million entries costs more
-        # than the kernels, and a few thousand pin it down.
-        pooled = torch.cat([xx.flatten(), xy.flatten(), yy.flatten()])
-        median = pooled[:: max(1, len(pooled) // 4096)].median().clamp_min(1e-12).sqrt().double()
-        bandwidths = torch.stack([median * factor for factor in factors])
         # The ES evaluates the quadratic form on the CPU with numpy weights: everything it needs
         # comes back in one read (one host sync on a GPU), bandwidths included.
-        k_fake = _block_means(_kernel(xx, bandwidths), count, count)
-        k_cross = _block_means(_kernel(xy, bandwidths), count, 1).squeeze(1)
-        k_real = _block_means(_kernel(yy, bandwidths), 1, 1).reshape(1)
-        back = to_host(torch.cat([k_fake.flatten(), k_cross, k_real, bandwidths]))
-        return cls(
-            k_fake=back[: count * count].reshape(count, count),
-            k_cross_mean=back[count * count : count * count + count],
-            k_real_mean=float(back[count * count + count]),
-            components=count,
-            per_component=per_component,
-            bandwidths=tuple(back[count * count + count + 1 :].tolist()),
-        )
+        return cls._of(to_host(_values(x, y, count, factors)), count, per_component)
 
     @classmethod
     def from_batch(
@@ -131,26 +99,26 @@ class MixtureScore:
         """`from_samples` of J mixtures at once: `fakes` (J, C, m, …), `real` (J, n, …); batched
         distances and kernels (in chunks whose matrices fit BATCH_BUDGET), one read for all."""
         jobs, count, per_component = fakes.shape[:3]
-        rows = count * per_component + real.shape[1]
+        x = fakes.reshape(jobs, count * per_component, -1).float()
+        y = real.reshape(jobs, real.shape[1], -1).float()
+        rows = x.shape[1] + y.shape[1]
         budget = BATCH_BUDGET.get(fakes.device.type, BATCH_BUDGET["cuda"])
         size = max(1, budget // (rows * rows * 4 * 5))  # three distance matrices and two kernel buffers
-        values = [
-            _batch_values(fakes[start : start + size], real[start : start + size], factors)
-            for start in range(0, jobs, size)
-        ]
-        back = to_host(torch.cat(values))
+        chunks = [_values(x[at : at + size], y[at : at + size], count, factors) for at in range(0, jobs, size)]
+        return [cls._of(row, count, per_component) for row in to_host(torch.cat(chunks)).unbind()]
+
+    @classmethod
+    def _of(cls, row: torch.Tensor, count: int, per_component: int) -> MixtureScore:
+        """The score from `_values`' row, read back."""
         square = count * count
-        return [
-            cls(
-                k_fake=row[:square].reshape(count, count),
-                k_cross_mean=row[square : square + count],
-                k_real_mean=float(row[square + count]),
-                components=count,
-                per_component=per_component,
-                bandwidths=tuple(row[square + count + 1 :].tolist()),
-            )
-            for row in back.unbind()
-        ]
+        return cls(
+            k_fake=row[:square].reshape(count, count),
+            k_cross_mean=row[square : square + count],
+            k_real_mean=float(row[square + count]),
+            components=count,
+            per_component=per_component,
+            bandwidths=tuple(row[square + count + 1 :].tolist()),
+        )
 
     def __call__(self, weights: np.ndarray) -> float:
         w = torch.from_numpy(np.asarray(weights, dtype=np.float64))
