@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import statistics
@@ -295,10 +296,12 @@ def phases_wrapped(wrap: Callable[[str, Callable], Callable]) -> Iterator[None]:
 
 def count_iteration(cells: list[Cell]) -> dict:
     """One whole iteration of `cells` as one tile (after a warm-up one), counted by phase."""
-    tile = Tile(cells, batched=True)  # what a GPU runs (a CPU evaluates fitness cell by cell)
+    # What a GPU runs (a CPU evaluates fitness cell by cell); revisions before that choice batch nothing.
+    batched = {"batched": True} if "batched" in inspect.signature(Tile).parameters else {}
+    tile = Tile(cells, **batched)
     tile.iterate(neighbourhoods(cells))  # warm-up: slots built, first reshuffles
     counter = OpCounter()
-    traffic = host.Traffic() if host is not None else None
+    traffic = None  # the open tally, once counting starts
     reads: Counter[str] = Counter()
     uploads: Counter[str] = Counter()
 
