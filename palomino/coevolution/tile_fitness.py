@@ -165,9 +165,10 @@ class _Judge:
 
     def __call__(self, inputs: Tensor, members: int) -> Tensor:
         count, per_input, batch = self.count, inputs.shape[1], inputs.shape[2]
-        chosen = torch.arange(self.count * self.per_cell, device=inputs.device).view(count, self.per_cell)
-        chosen = chosen[:, :members].reshape(-1)
-        params = self.params if members == self.per_cell else gather(self.params, chosen)
+        params = self.params
+        if members < self.per_cell:  # each cell's first `members`
+            chosen = torch.arange(count * self.per_cell, device=inputs.device).view(count, self.per_cell)
+            params = gather(self.params, chosen[:, :members].reshape(-1))
         labels = self.labels
         if self.layout.minibatch_std:  # each (member, input) pair its own member: batch statistics per input
             index = torch.arange(count * members, device=inputs.device).repeat_interleave(per_input)
