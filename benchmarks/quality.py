@@ -75,6 +75,7 @@ from palomino.data import Dataset, data_dir, load_dataset
 from palomino.runs.directory import RunDirectory, read_jsonl
 from palomino.runs.embedded import train_embedded
 from palomino.runs.filter_rule import FilterRule
+from palomino.runs.images import picture_samples, progress_png
 from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
 from palomino.scoring.extractors import ensemble_features
@@ -336,7 +337,14 @@ def evaluate_case(
 
     def judged(method: str, steps: int, seconds: float, sample: Callable[[int], torch.Tensor]) -> Result:
         """Scored on samples of seed + 100; when sweeping also on the validation split (seed + 300)."""
-        result = Result(name, seed, method, steps, seconds, referee.score(sample(seed + 100)), rate)
+        samples = sample(seed + 100)
+        if held_out is not None:  # images: what the table's figures score, as a picture (the first 64)
+            folder = out / "samples"
+            folder.mkdir(parents=True, exist_ok=True)
+            at_rate = "" if rate is None else f"-lr{rate:g}"
+            picture = samples[: picture_samples("image")].reshape(-1, *train.samples.shape[1:])
+            (folder / f"{name}-seed{seed}{at_rate}-{method}.png").write_bytes(progress_png(picture, "image"))
+        result = Result(name, seed, method, steps, seconds, referee.score(samples), rate)
         if sweeping:
             result.validation = referee.score(sample(seed + 300), validation=True)
         return result
@@ -747,7 +755,10 @@ def main(argv: list[str] | None = None) -> int:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="passed to every run"
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="keep runs, table.json and table.png here (default: a temp dir)"
+        "--out",
+        type=Path,
+        default=None,
+        help="keep runs, table.json, table.png and samples/ (images: 64 of each method's scored samples, a PNG) here (default: a temp dir)",
     )
     parser.add_argument(
         "--rates",
