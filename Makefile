@@ -5,14 +5,20 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test services clean
 
-$(VENV)/.installed: pyproject.toml
+# The demo needs Palomino alone; the tests add the dev extras (pytest, lint, chart and browser tools,
+# TensorBoard's reader) on top of the same .venv.
+$(VENV)/.core: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, pinned: where a CPU wheel is on disk pip takes it instead of pulling CUDA builds.
 	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.core
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.core
 	$(VENV)/bin/palomino train examples/quickstart.yaml
 
 # What the tests drive (RabbitMQ's and Redis's programs, chromium, ...): installed, never started;

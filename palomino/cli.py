@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -76,7 +77,16 @@ def train(
         cfg, run, dataset = _prepare_run(config, out, overrides, resume)
     except PalominoError as error:
         raise _fail(error) from None
-    with _dashboard_of(run, listening), Progress(*_PROGRESS_COLUMNS, console=stderr, transient=False) as progress:
+    holding = contextlib.ExitStack()
+    try:
+        holding.enter_context(run.hold())  # one trainer a run: a second --resume of it fails here, naming the first
+    except PalominoError as error:
+        raise _fail(error) from None
+    with (
+        holding,
+        _dashboard_of(run, listening),
+        Progress(*_PROGRESS_COLUMNS, console=stderr, transient=False) as progress,
+    ):
         grid = f"{cfg.grid.rows}×{cfg.grid.cols} cells"
         if cfg.partitioned:
             grid = f"{len(cfg.data.labels or ())} classes × {cfg.grid.per_class} cells"
@@ -90,6 +100,45 @@ def train(
             print(run.path)
             raise typer.Exit(130) from None
     _report_outcome(outcome, run.path)
+
+
+@app.command(rich_help_panel="Train and use a run")
+def runs(
+    folder: Path = typer.Argument(Path("runs"), help="The folder the runs are in (palomino train --out)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object a run instead of the table."),
+) -> None:
+    """List the runs under FOLDER, newest first: state, grid, iterations done, best score, path."""
+    import json
+
+    from rich.table import Table
+
+    from palomino.runs.listing import list_runs
+
+    if not folder.is_dir():
+        raise _fail(PalominoError(f"runs: no folder {folder}: give the folder palomino train --out wrote to"))
+    found = list_runs(folder)
+    if as_json:
+        for summary in found:
+            print(json.dumps(summary.as_json()))
+        return
+    if not found:
+        stderr.print(f"no runs under {folder} (palomino train writes them there)")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("run", "state", "grid", "iterations", "best score", "path"):
+        table.add_column(column, overflow="fold")  # names and paths whole, folded where the terminal is narrow
+    colour = {"running": "cyan", "finished": "green", "killed": "yellow"}
+    for summary in found:
+        state = f"[{colour[summary.state]}]{summary.state}[/]"
+        if summary.resumable:
+            state += " (resumable)"
+        total = "?" if summary.iterations is None else summary.iterations
+        best = "–" if summary.best_score is None else f"{summary.best_score:.4g} {summary.score_name}"
+        table.add_row(summary.name, state, summary.grid, f"{summary.iterations_done}/{total}", best, summary.path)
+    out = Console()
+    if not out.is_terminal:  # piped: one line a run, however long
+        out = Console(width=1_000)
+    out.print(table)
 
 
 _PROGRESS_COLUMNS = (

@@ -20,6 +20,8 @@ import pytest
 import yaml
 from conftest import last_line, palomino, start_palomino, tiny, wait_until, write_yaml
 
+from palomino.runs.listing import list_runs
+
 PNG = b"\x89PNG\r\n\x1a\n"
 CELLS = ["0-0", "0-1", "1-0", "1-1"]
 SIDE_FIELDS = {"loss", "fitness", "learning_rate"}
@@ -273,15 +275,22 @@ def resume(run: Path, cwd: Path) -> Any:
 
 @pytest.mark.slow
 def test_resume_after_kill(tmp_path: Path) -> None:
-    iterations = 30
+    iterations = 120  # long enough to outlast a second `palomino train` that finds it held
     proc, run = start_long_run(tmp_path, iterations, checkpoint_every=2)
     wait_until(lambda: all(checkpoint_iterations(run, c) for c in CELLS), proc)
+    (listed,) = list_runs(run.parent)
+    assert (listed.state, listed.grid, listed.iterations) == ("running", "2×2", iterations)
+    twice = palomino("train", "--resume", run, cwd=tmp_path)  # one trainer a run
+    assert twice.returncode == 1 and f"is being trained by pid {proc.pid}" in " ".join(twice.stderr.split())
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert not (run / "result").exists(), "the run finished before it could be killed"
     done_before = len(records(run))
     assert done_before < len(CELLS) * iterations
+    (listed,) = list_runs(run.parent)
+    assert (listed.state, listed.resumable) == ("killed", True)
+    assert 0 < listed.iterations_done < iterations and listed.best_score is not None
 
     result = resume(run, tmp_path)
     assert "starts again from iteration 0" not in result.stderr  # every cell resumed from its checkpoint
@@ -289,6 +298,11 @@ def test_resume_after_kill(tmp_path: Path) -> None:
     assert_complete(run, iterations)
     assert_finished(run)
     assert all(checkpoint_iterations(run, c)[-1] == iterations for c in CELLS)
+    shown = palomino("runs", run.parent, "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    (listed,) = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert listed["state"] == "finished" and listed["iterations_done"] == iterations
+    assert listed["best_score"] is not None and listed["path"] == str(run)
 
 
 @pytest.mark.slow
