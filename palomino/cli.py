@@ -70,8 +70,20 @@ def train(
         max=65535,
         help="Serve the live dashboard of this run on this port (0: any free port) while it trains.",
     ),
+    tensorboard: Path | None = typer.Option(
+        None,
+        "--tensorboard",
+        help="Also log to TensorBoard, in DIR/<run>: tensorboard --logdir DIR (pip install 'palomino[tensorboard]').",
+    ),
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
+    if tensorboard is not None:
+        from palomino.runs.tensorboard_log import require_writer
+
+        try:
+            require_writer()
+        except PalominoError as error:
+            raise _fail(error) from None
     listening = _dashboard_socket(dashboard)  # a taken port fails before anything is written
     try:
         cfg, run, dataset = _prepare_run(config, out, overrides, resume)
@@ -92,7 +104,8 @@ def train(
             grid = f"{len(cfg.data.labels or ())} classes × {cfg.grid.per_class} cells"
         task = progress.add_task(grid, total=cfg.cells * cfg.training.iterations, best="–")
         try:
-            outcome = asyncio.run(_train_until_done(cfg, run, dataset, resume is not None, progress, task))
+            board = None if tensorboard is None else tensorboard / run.experiment
+            outcome = asyncio.run(_train_until_done(cfg, run, dataset, resume is not None, progress, task, board))
         except PalominoError as error:
             raise _fail(error) from None
         except asyncio.CancelledError:
@@ -178,7 +191,13 @@ def _prepare_run(
 
 
 async def _train_until_done(
-    cfg: ExperimentConfig, run: RunDirectory, dataset: Dataset, resume: bool, progress: Progress, task: TaskID
+    cfg: ExperimentConfig,
+    run: RunDirectory,
+    dataset: Dataset,
+    resume: bool,
+    progress: Progress,
+    task: TaskID,
+    tensorboard: Path | None,
 ) -> TrainOutcome:
     """The embedded training, the progress bar following it; Ctrl-C (or SIGTERM) stops after the
     current iteration with checkpoints, a second one at once."""
@@ -218,6 +237,7 @@ async def _train_until_done(
         on_metrics=on_metrics,
         on_restored=lambda done: progress.update(task, completed=done),
         ensemble_features=features,
+        tensorboard=tensorboard,
     )
 
 

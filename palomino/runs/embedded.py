@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from palomino.runs.hosting import host_cells
 from palomino.runs.images import progress_png, real_png
 from palomino.runs.loop import LoopSettings
 from palomino.runs.result import write_class_result, write_result
+from palomino.runs.tensorboard_log import TensorBoardLog
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
 log = logging.getLogger(__name__)
@@ -36,17 +38,27 @@ class RunRecorder:
     """Recorder port → the run directory."""
 
     def __init__(
-        self, run: RunDirectory, dataset: Dataset, keep: int, on_metrics: Callable[[dict], None] | None = None
+        self,
+        run: RunDirectory,
+        dataset: Dataset,
+        keep: int,
+        on_metrics: Callable[[dict], None] | None = None,
+        board: TensorBoardLog | None = None,
     ):
-        self.run, self.dataset, self.keep, self.on_metrics = run, dataset, keep, on_metrics
+        self.run, self.dataset, self.keep, self.on_metrics, self.board = run, dataset, keep, on_metrics, board
 
     async def metrics(self, record: dict[str, Any]) -> None:
         self.run.append_metrics(record)
+        if self.board:
+            self.board.metrics(record)
         if self.on_metrics:
             self.on_metrics(record)
 
     async def samples(self, coord: Coord, iteration: int, samples: torch.Tensor) -> None:
-        self.run.write_samples(coord, iteration, progress_png(samples, self.dataset.kind, self.dataset.modes))
+        png = progress_png(samples, self.dataset.kind, self.dataset.modes)
+        self.run.write_samples(coord, iteration, png)
+        if self.board:
+            self.board.samples(str(coord), iteration, png)
 
     async def checkpoint(
         self, coord: Coord, iteration: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
@@ -104,9 +116,11 @@ async def train_embedded(
     on_metrics: Callable[[dict], None] | None = None,
     on_restored: Callable[[int], None] | None = None,
     ensemble_features: Features | None = None,
+    tensorboard: Path | None = None,
 ) -> TrainOutcome:
     """Train `config`'s grid in this process into `run`. `ensemble_features`: what the grid's
-    ensemble of an image run is scored on (palomino.scoring.extractors.ensemble_features; None: pixels)."""
+    ensemble of an image run is scored on (palomino.scoring.extractors.ensemble_features; None: pixels);
+    `tensorboard`: a folder for the run's TensorBoard events too."""
     stop = stop or asyncio.Event()
     if config.scoring.every:
         log.warning(
@@ -128,13 +142,23 @@ async def train_embedded(
         run.append_topology(topology, {str(c.coord): f"embedded-{c.coord}" for c in cells}, classes or None)
     if not run.real_samples_path.exists():
         run.write_real_samples(real_png(dataset, seed=config.seed))
-    bus = InMemorySnapshotBus()
-    recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics)
-    settings = LoopSettings.of(config, "embedded", distributed=False)
-    await host_cells(cells, bus, InMemoryLiveness(), recorder, settings, stop, tiled=tiled)
-    if any(cell.iteration < config.training.iterations for cell in cells):
-        return TrainOutcome(finished=False)
-    return await _write_results(cells, bus, config, run, dataset, ensemble_features)
+    board = None
+    if tensorboard is not None:
+        board = TensorBoardLog(tensorboard, len(cells), purge_step=min(c.iteration for c in cells) if resume else None)
+    try:
+        bus = InMemorySnapshotBus()
+        recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics, board)
+        settings = LoopSettings.of(config, "embedded", distributed=False)
+        await host_cells(cells, bus, InMemoryLiveness(), recorder, settings, stop, tiled=tiled)
+        if any(cell.iteration < config.training.iterations for cell in cells):
+            return TrainOutcome(finished=False)
+        outcome = await _write_results(cells, bus, config, run, dataset, ensemble_features)
+        if board:
+            board.result(run, config.training.iterations)
+        return outcome
+    finally:
+        if board:
+            board.close()
 
 
 async def _write_results(
