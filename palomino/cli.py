@@ -383,6 +383,28 @@ ORCH = typer.Option(
 )
 
 
+TENSORBOARD = typer.Option(
+    None,
+    "--tensorboard",
+    envvar="PALOMINO_TENSORBOARD",
+    show_envvar=True,
+    help="Also log each experiment to TensorBoard, in DIR/<experiment> (pip install 'palomino[tensorboard]').",
+)
+
+
+def _tensorboard(folder: Path | None) -> str | None:
+    """The folder, once the writer is known to be installed (exit 2 naming the extra otherwise)."""
+    if folder is None or not str(folder):
+        return None
+    from palomino.runs.tensorboard_log import require_writer
+
+    try:
+        require_writer()
+    except PalominoError as error:
+        raise _fail(error) from None
+    return str(folder)
+
+
 @app.command(rich_help_panel="Services")
 def cell(
     broker: str | None = BROKER,
@@ -444,6 +466,7 @@ def orchestrator(
     port: int = typer.Option(
         ORCHESTRATOR_PORT, "--port", min=0, max=65535, help="HTTP port of the API (0: any free one)."
     ),
+    tensorboard: Path | None = TENSORBOARD,
 ) -> None:
     """The orchestrator: experiments, layout, liveness, failures, results, and its HTTP API."""
     import uvicorn
@@ -452,7 +475,7 @@ def orchestrator(
     from palomino.services.orchestrator.api import create_app
     from palomino.services.orchestrator.orchestrator import preflight
 
-    settings = _settings(broker, redis)
+    settings = _settings(broker, redis).with_flags(tensorboard=_tensorboard(tensorboard))
     if settings.token is None and not is_loopback(host):
         raise _fail(ConfigError(
             f"--host {host}: serving beyond this machine needs a token; set PALOMINO_ORCHESTRATOR_TOKEN "
@@ -555,6 +578,7 @@ def up(
         max=MAX_CELLS_PER_WORKER,
         help="Cells each worker process hosts (`palomino cell --cells`).",
     ),
+    tensorboard: Path | None = TENSORBOARD,
 ) -> None:
     """Start an orchestrator, N+K cells and scorers locally, run the experiment, stop them; prints the run directory."""
     from palomino.services.local import run_up
@@ -562,7 +586,16 @@ def up(
     try:
         yaml_text = _experiment_yaml(config, [f"distributed.max_cells={cells}", *overrides])
         outcome = run_up(
-            yaml_text, cells, spares, out, _settings(broker, redis), port, stderr, scorers, score_timeout, per_worker
+            yaml_text,
+            cells,
+            spares,
+            out,
+            _settings(broker, redis).with_flags(tensorboard=_tensorboard(tensorboard)),
+            port,
+            stderr,
+            scorers,
+            score_timeout,
+            per_worker,
         )
     except PalominoError as error:
         raise _fail(error) from None

@@ -163,6 +163,7 @@ def _stack_environment(settings: ServiceSettings, config_yaml: str, port: int) -
         "PALOMINO_NAMESPACE": namespace, "PALOMINO_ORCHESTRATOR_TOKEN": token, "PALOMINO_MESSAGE_KEY": key,
         # Its own experiment's data folder is allowed: the user who runs `up` chose it.
         "PALOMINO_DATA_ROOTS": _roots_with(settings.data_roots, data_dir),
+        "PALOMINO_TENSORBOARD": str(Path(settings.tensorboard).resolve()) if settings.tensorboard else "",
     }  # fmt: skip
     return env, token
 

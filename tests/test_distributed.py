@@ -177,6 +177,8 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
             "training.ensemble.critic_quantile=0.05",
             "--set",
             "training.ensemble.critic=own",
+            "--tensorboard",
+            str(tmp_path / "tb"),
         ],
         capture_output=True,
         text=True,
@@ -212,6 +214,18 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     periodic = {(key.split("@")[0], entry["iteration"]) for key, entry in scores.get("periodic", {}).items()}
     assert {(cell, i) for cell in scores["cells"] for i in (25, 50)} <= periodic, sorted(periodic)
+    # The orchestrator logged the run to TensorBoard as it wrote metrics.jsonl and the samples.
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(tmp_path / "tb" / run_dir.name), {"scalars": 0, "images": 0})
+    events.Reload()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    best = {i: min(r["score"] for r in records if r["iteration"] == i) for i in range(ITERATIONS)}
+    assert {e.step: e.value for e in events.Scalars("grid/best_score")} == pytest.approx(best, rel=1e-6)
+    for cell in ("0-0", "0-1", "1-0", "1-1"):
+        assert [e.step for e in events.Scalars(f"generator_loss/{cell}")] == list(range(ITERATIONS))
+        drawn = sorted(int(p.stem[5:]) for p in (run_dir / "samples" / cell).glob("iter-*.png"))
+        assert drawn and [e.step for e in events.Images(f"samples/{cell}")] == drawn
+    assert [e.step for e in events.Scalars("result/score")] == [ITERATIONS]
 
 
 def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:

@@ -8,7 +8,9 @@ each cell's sample pictures at the iterations the run drew them, the result's sc
 from __future__ import annotations
 
 import json
+import struct
 import sys
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -103,3 +105,23 @@ def test_without_the_writer_installed_the_error_says_what_to_install(monkeypatch
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"pip install 'palomino\[tensorboard\]'"):
         require_writer()
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that claims `width`×`height` grey pixels and holds none (a picture from the wire)."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    chunk = b"IHDR" + header
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(header)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+@pytest.mark.parametrize("body", [b"not a picture", png_header(100_000, 100_000), b"GIF89a" + bytes(20)])
+def test_a_sample_picture_that_is_not_one_is_skipped_and_logging_goes_on(
+    tmp_path: Path, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    board = TensorBoardLog(tmp_path, cells=1)
+    board.samples("0-0", 1, body)
+    board.metrics({"cell": [0, 0], "iteration": 1, "score": 0.5})
+    board.close()
+    events = read_events(tmp_path)
+    assert events.Tags()["images"] == [] and scalars(events, "grid/best_score") == {1: 0.5}
+    assert "sample picture not logged" in caplog.text

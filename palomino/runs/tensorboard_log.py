@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -23,10 +24,13 @@ from PIL import Image
 from palomino.errors import ConfigError
 from palomino.runs.directory import RunDirectory
 
+log = logging.getLogger(__name__)
+
 INSTALL = "pip install 'palomino[tensorboard]' (tensorboardX writes the events, tensorboard shows them)"
 # An iteration whose records never all arrive (a cell died, the grid shrank) is written with
 # what it has once this many newer iterations are pending.
 PENDING_ITERATIONS = 8
+MAX_PIXELS = 4096 * 4096  # a sample picture is an 8×8 grid of images or a 400×400 scatter
 
 
 def require_writer() -> None:
@@ -74,8 +78,13 @@ class TensorBoardLog:
             self._best(min(self._scores))
 
     def samples(self, cell: str, iteration: int, png: bytes) -> None:
-        """A cell's sample picture (the PNG the run directory keeps)."""
-        self._writer.add_image(f"samples/{cell}", _pixels(png), iteration, dataformats="HWC")
+        """A cell's sample picture (the PNG the run directory keeps); one that is not a picture is skipped."""
+        try:
+            pixels = _pixels(png)
+        except (OSError, ValueError, Image.DecompressionBombError) as error:
+            log.warning("cell %s, iteration %d: sample picture not logged to TensorBoard: %s", cell, iteration, error)
+            return
+        self._writer.add_image(f"samples/{cell}", pixels, iteration, dataformats="HWC")
 
     def result(self, run: RunDirectory, iteration: int) -> None:
         """The finished run's result: its score (the whole grid's ensemble, else the best cell's) and samples."""
@@ -113,4 +122,8 @@ def _finite(value: Any) -> bool:
 
 
 def _pixels(png: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    """A PNG's pixels (H, W, 3); its size checked before it is decoded (a picture from the wire)."""
+    image = Image.open(io.BytesIO(png), formats=["PNG"])
+    if image.width * image.height > MAX_PIXELS:
+        raise ValueError(f"{image.width}×{image.height} pixels: more than a sample picture's {MAX_PIXELS}")
+    return np.asarray(image.convert("RGB"))

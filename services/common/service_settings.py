@@ -27,6 +27,8 @@ class ServiceSettings(BaseSettings):
     max_active_per_client: int = Field(16, ge=1, le=100_000)
     # Seconds an ended experiment stays listed; its run directory stays on disk regardless.
     retention_seconds: float = Field(7 * 24 * 3600, ge=0, le=10 * 365 * 24 * 3600)
+    # The orchestrator writes each experiment's TensorBoard events to <tensorboard>/<experiment>; empty: none.
+    tensorboard: str = ""
     # The orchestrator API's bearer token: the orchestrator requires it, its clients send it.
     orchestrator_token: SecretStr | None = None
     # Signs every message between the stack's services (palomino/transport/signing.py); unset: none is

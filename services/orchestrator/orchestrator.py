@@ -129,6 +129,7 @@ class Orchestrator:
 
     async def close(self) -> None:
         await self._stack.aclose()
+        self.shared.boards.close()
 
     async def __aenter__(self) -> Orchestrator:
         try:
@@ -219,6 +220,7 @@ class Orchestrator:
                 return  # redelivered after a broker reconnect
             experiment.recorded.add(key)
             experiment.run.append_metrics(message.record)
+            self.shared.boards.metrics(experiment, message.record)
             self.shared.counters["metrics_records"] += 1
             await self.shared.event(experiment, "metrics", {"record": message.record})
         elif isinstance(message, Samples):
@@ -227,6 +229,7 @@ class Orchestrator:
                     experiment.run.write_real_samples(payload)
             else:
                 experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
+                self.shared.boards.samples(experiment, cell_name(message.coord), message.iteration, payload)
         elif isinstance(message, Done):
             async with self.shared.lock:
                 await self.results.on_done(experiment, message, payload)

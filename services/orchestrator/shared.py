@@ -13,6 +13,7 @@ from typing import Any
 from palomino.errors import PalominoError
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, Worker
+from palomino.services.orchestrator.tracking import Boards
 from palomino.wire.control_messages import MAX_CELLS_PER_WORKER
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ class Shared:
     control: Any = None
     scoring: Any = None
     liveness: Any = None
+    boards: Boards = field(init=False)  # TensorBoard events, when settings.tensorboard names a folder
+
+    def __post_init__(self) -> None:
+        self.boards = Boards(self.settings.tensorboard)
 
     async def event(self, experiment: Experiment, kind: str, body: dict[str, Any]) -> None:
         try:
