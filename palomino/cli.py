@@ -140,7 +140,7 @@ def runs(
     table = Table(box=None, header_style="bold")
     for column in ("run", "state", "grid", "iterations", "best score", "path"):
         table.add_column(column, overflow="fold")  # names and paths whole, folded where the terminal is narrow
-    colour = {"running": "cyan", "finished": "green", "killed": "yellow"}
+    colour = {"running": "cyan", "finished": "green", "killed": "yellow", "stopped": "yellow", "failed": "red"}
     for summary in found:
         state = f"[{colour[summary.state]}]{summary.state}[/]"
         if summary.resumable:

@@ -28,7 +28,7 @@ _STAMP = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 @dataclass
 class RunSummary:
     name: str
-    state: str  # running, finished, killed
+    state: str  # running, finished, killed; failed or stopped: a distributed run its orchestrator ended
     resumable: bool  # killed with checkpoints: `palomino train --resume PATH` continues it
     grid: str  # rows×cols of the newest layout
     iterations_done: int
@@ -77,6 +77,9 @@ def summarise(run: RunDirectory, now: float | None = None) -> RunSummary:
 def _state(run: RunDirectory, now: float | None) -> str:
     if run.ranking_path.is_file():
         return "finished"
+    ended = _json(run.path / "orchestrator.json").get("state")
+    if ended in ("failed", "stopped"):  # a distributed run the orchestrator ended (its reason is in the file)
+        return str(ended)
     held = run.held()
     if held is not None:
         return "running" if held else "killed"
@@ -157,6 +160,14 @@ def _started(run: RunDirectory) -> float:
     if match:
         return datetime.strptime(match[1], "%Y%m%d-%H%M%S").replace(tzinfo=UTC).timestamp()
     return run.config_path.stat().st_mtime
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def _yaml(path: Path) -> dict[str, Any]:
