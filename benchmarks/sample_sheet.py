@@ -31,6 +31,8 @@ def picture(out: Path, table: dict, case: str, seed: int, method: str) -> tuple[
     row = next((r for r in table["rows"] if r["case"] == case and r["method"] == method), None)
     if row is None:
         raise SystemExit(f"{out / 'table.json'}: no {method} row for {case}")
+    if seed not in table["seeds"]:
+        raise SystemExit(f"{out / 'table.json'}: no seed {seed}; it has {table['seeds']}")
     rate = ""
     if row.get("lr"):
         chosen = row["lr"][table["seeds"].index(seed)]
@@ -39,7 +41,7 @@ def picture(out: Path, table: dict, case: str, seed: int, method: str) -> tuple[
     if not path.is_file():
         raise SystemExit(f"{path}: missing (was the run made with this benchmarks/quality.py?)")
     score = f"FID {row['fid']['values'][table['seeds'].index(seed)]:.1f}" if "fid" in row else ""
-    caption = f"{NAMES.get(method, method)}: {score}" + (f" (lr {chosen:g})" if rate else "")
+    caption = ": ".join(filter(None, [NAMES.get(method, method), score])) + (f" (lr {chosen:g})" if rate else "")
     image = Image.open(path).convert("RGB")
     return image.resize((image.width * 2, image.height * 2), Image.Resampling.NEAREST), caption
 

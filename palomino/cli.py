@@ -78,21 +78,13 @@ def train(
 ) -> None:
     """Train every cell of the grid in this process; prints the run directory last."""
     if tensorboard is not None:
-        from palomino.runs.tensorboard_log import require_writer
-
-        try:
-            require_writer()
-        except PalominoError as error:
-            raise _fail(error) from None
+        _board_folder(tensorboard)
     listening = _dashboard_socket(dashboard)  # a taken port fails before anything is written
+    holding = contextlib.ExitStack()  # the run's lock, from before anything of it is written until the end
     try:
-        cfg, run, dataset = _prepare_run(config, out, overrides, resume)
+        cfg, run, dataset = _prepare_run(config, out, overrides, resume, holding)
     except PalominoError as error:
-        raise _fail(error) from None
-    holding = contextlib.ExitStack()
-    try:
-        holding.enter_context(run.hold())  # one trainer a run: a second --resume of it fails here, naming the first
-    except PalominoError as error:
+        holding.close()
         raise _fail(error) from None
     with (
         holding,
@@ -164,11 +156,25 @@ _PROGRESS_COLUMNS = (
 )
 
 
+def _board_folder(folder: Path) -> None:
+    """--tensorboard's folder made and the writer installed, or exit 2 before training starts."""
+    from palomino.runs.tensorboard_log import require_writer
+
+    try:
+        require_writer()
+        folder.mkdir(parents=True, exist_ok=True)
+    except PalominoError as error:
+        raise _fail(error) from None
+    except OSError as error:
+        raise _fail(ConfigError(f"--tensorboard {folder}: cannot write there: {error.strerror}")) from None
+
+
 def _prepare_run(
-    config: Path | None, out: Path, overrides: list[str], resume: Path | None
+    config: Path | None, out: Path, overrides: list[str], resume: Path | None, holding: contextlib.ExitStack
 ) -> tuple[ExperimentConfig, RunDirectory, Dataset]:
     """(config, run directory, dataset) of a new run, or of the run to resume (with any overrides
-    written into its config.yaml); a PalominoError names what is wrong."""
+    written into its config.yaml), its lock held in `holding` (one trainer a run: a second
+    --resume of a running one fails, naming the first); a PalominoError names what is wrong."""
     from palomino.config import dump_config, load_config
     from palomino.data import load_dataset
     from palomino.io import atomic_write
@@ -176,6 +182,7 @@ def _prepare_run(
 
     if resume is not None:
         run = RunDirectory.open(resume)
+        holding.enter_context(run.lock.hold())  # before its config.yaml is rewritten
         cfg = load_config(run.config_path, overrides)  # the same loader as a CONFIG file: exit 2 naming the problem
         if overrides:  # e.g. more iterations: the run directory keeps describing the run
             atomic_write(run.config_path, dump_config(cfg).encode())
@@ -187,6 +194,7 @@ def _prepare_run(
     if resume is None:
         out.mkdir(parents=True, exist_ok=True)
         run = RunDirectory.create(out, cfg)
+        holding.enter_context(run.lock.hold())
     return cfg, run, dataset
 
 
@@ -396,12 +404,7 @@ def _tensorboard(folder: Path | None) -> str | None:
     """The folder, once the writer is known to be installed (exit 2 naming the extra otherwise)."""
     if folder is None or not str(folder):
         return None
-    from palomino.runs.tensorboard_log import require_writer
-
-    try:
-        require_writer()
-    except PalominoError as error:
-        raise _fail(error) from None
+    _board_folder(folder)
     return str(folder)
 
 

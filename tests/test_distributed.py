@@ -219,10 +219,10 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     events = accumulator.EventAccumulator(str(tmp_path / "tb" / run_dir.name), {"scalars": 0, "images": 0})
     events.Reload()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    best = {i: min(r["score"] for r in records if r["iteration"] == i) for i in range(ITERATIONS)}
+    best = {i + 1: min(r["score"] for r in records if r["iteration"] == i) for i in range(ITERATIONS)}
     assert {e.step: e.value for e in events.Scalars("grid/best_score")} == pytest.approx(best, rel=1e-6)
     for cell in ("0-0", "0-1", "1-0", "1-1"):
-        assert [e.step for e in events.Scalars(f"generator_loss/{cell}")] == list(range(ITERATIONS))
+        assert [e.step for e in events.Scalars(f"generator_loss/{cell}")] == list(range(1, ITERATIONS + 1))
         drawn = sorted(int(p.stem[5:]) for p in (run_dir / "samples" / cell).glob("iter-*.png"))
         assert drawn and [e.step for e in events.Images(f"samples/{cell}")] == drawn
     assert [e.step for e in events.Scalars("result/score")] == [ITERATIONS]

@@ -56,7 +56,7 @@ def test_states_newest_first(tmp_path: Path) -> None:
         ("a", "failed", 1),
     ]
     assert not any(r.resumable for r in listed)  # none has a checkpoint
-    with live.hold():
+    with live.lock.hold():
         os.utime(live.metrics_path, (time.time() - 600, time.time() - 600))
         os.utime(live.config_path, (time.time() - 600, time.time() - 600))
         assert list_runs(tmp_path)[0].state == "running"  # held: running however long an iteration takes

@@ -18,7 +18,7 @@ import pytest
 from conftest import last_line, palomino, tiny, write_yaml
 
 from palomino.errors import ConfigError
-from palomino.runs.tensorboard_log import TensorBoardLog, require_writer
+from palomino.runs.tensorboard_log import PENDING_ITERATIONS, TensorBoardLog, require_writer
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator", reason="the dev extras hold tensorboard"
@@ -54,7 +54,7 @@ def test_the_event_files_hold_each_cells_metrics_as_metrics_jsonl_does(logged: t
     assert len(records) == 4 * ITERATIONS
     best: dict[int, float] = defaultdict(lambda: float("inf"))
     for record in records:
-        cell, step = "{}-{}".format(*record["cell"]), record["iteration"]
+        cell, step = "{}-{}".format(*record["cell"]), record["iteration"] + 1  # steps: iterations done
         for side in ("generator", "discriminator"):
             assert scalars(events, f"{side}_loss/{cell}")[step] == pytest.approx(record[side]["loss"], rel=1e-6)
             assert scalars(events, f"{side}_lr/{cell}")[step] == pytest.approx(record[side]["learning_rate"], rel=1e-6)
@@ -84,21 +84,26 @@ def test_a_resumed_run_drops_what_it_redoes(tmp_path: Path) -> None:
     for iteration in range(5):
         first.metrics({**record, "iteration": iteration})
     first.close()
-    second = TensorBoardLog(tmp_path, cells=1, purge_step=3)
+    second = TensorBoardLog(tmp_path, cells=1, purge_step=4)  # resumed after 3 iterations: redoes iteration 3 on
     for iteration in range(3, 6):
         second.metrics({**record, "iteration": iteration, "score": 0.25})
     second.close()
-    assert scalars(read_events(tmp_path), "grid/best_score") == {0: 0.5, 1: 0.5, 2: 0.5, 3: 0.25, 4: 0.25, 5: 0.25}
+    assert scalars(read_events(tmp_path), "grid/best_score") == {1: 0.5, 2: 0.5, 3: 0.5, 4: 0.25, 5: 0.25, 6: 0.25}
 
 
 def test_an_iteration_a_dead_cell_never_completes_is_written_with_what_arrived(tmp_path: Path) -> None:
     board = TensorBoardLog(tmp_path, cells=2)
-    for iteration in range(12):  # cell 0-1 died after iteration 0
+    for iteration in range(PENDING_ITERATIONS + 12):  # cell 0-1 died after iteration 0
         for col in (0, 1) if iteration == 0 else (0,):
             board.metrics({"cell": [0, col], "iteration": iteration, "score": float(col + iteration)})
-    board.metrics({"cell": [0, 0], "iteration": "x", "score": 1.0})  # malformed: ignored
+    board.metrics({"cell": [0, 1], "iteration": 1, "score": -5.0})  # late, after step 2 was summed up: not again
+    for hostile in ("x", None, 10**400, True):  # malformed or absurd values: skipped, logging goes on
+        board.metrics({"cell": [0, 0], "iteration": hostile, "score": 1.0})
+        board.metrics({"cell": [0, 0], "iteration": 3, "score": hostile, "generator": {"loss": hostile}})
     board.close()
-    assert scalars(read_events(tmp_path), "grid/best_score") == {i: float(i) for i in range(12)}
+    assert scalars(read_events(tmp_path), "grid/best_score") == {
+        i + 1: float(i) for i in range(PENDING_ITERATIONS + 12)
+    }
 
 
 def test_without_the_writer_installed_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,8 +125,24 @@ def test_a_sample_picture_that_is_not_one_is_skipped_and_logging_goes_on(
 ) -> None:
     board = TensorBoardLog(tmp_path, cells=1)
     board.samples("0-0", 1, body)
-    board.metrics({"cell": [0, 0], "iteration": 1, "score": 0.5})
+    board.metrics({"cell": [0, 0], "iteration": 0, "score": 0.5})
     board.close()
     events = read_events(tmp_path)
     assert events.Tags()["images"] == [] and scalars(events, "grid/best_score") == {1: 0.5}
     assert "sample picture not logged" in caplog.text
+
+
+def test_a_writer_whose_thread_died_is_given_up_not_waited_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """tensorboardX writes from a thread; if a full disk killed it, adding would block on its queue forever."""
+    board = TensorBoardLog(tmp_path, cells=1)
+    board.metrics({"cell": [0, 0], "iteration": 0, "score": 0.5})
+    events_writer = board._writer.file_writer.event_writer
+    alive = events_writer._worker
+    events_writer._worker = type("Dead", (), {"is_alive": lambda self: False})()
+    for iteration in range(1, 50):  # seen dead: nothing more is handed to it
+        board.metrics({"cell": [0, 0], "iteration": iteration, "score": 0.25})
+    board.close()
+    assert "TensorBoard's writer stopped" in caplog.text
+    events_writer._worker = alive  # (the real thread, to flush what it had and end)
+    board._writer.close()
+    assert scalars(read_events(tmp_path), "grid/best_score") == {1: 0.5}

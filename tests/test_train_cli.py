@@ -275,9 +275,10 @@ def resume(run: Path, cwd: Path) -> Any:
 
 @pytest.mark.slow
 def test_resume_after_kill(tmp_path: Path) -> None:
-    iterations = 120  # long enough to outlast a second `palomino train` that finds it held
+    iterations = 30
     proc, run = start_long_run(tmp_path, iterations, checkpoint_every=2)
     wait_until(lambda: all(checkpoint_iterations(run, c) for c in CELLS), proc)
+    proc.send_signal(signal.SIGSTOP)  # paused, its lock held: it cannot finish while a second trainer starts
     (listed,) = list_runs(run.parent)
     assert (listed.state, listed.grid, listed.iterations) == ("running", "2×2", iterations)
     twice = palomino("train", "--resume", run, cwd=tmp_path)  # one trainer a run

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -20,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from palomino.config import ExperimentConfig, dump_config, load_config
-from palomino.errors import ConfigError, PalominoError
+from palomino.errors import ConfigError
 from palomino.grid import Coord, Topology
 from palomino.io import atomic_write
+from palomino.runs.lock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -180,45 +179,9 @@ class RunDirectory:
         return self.config_path.is_file()
 
     @property
-    def lock_path(self) -> Path:
-        """training.lock: held (flock) by the process training this run; the kernel lets go when it
-        dies, even by SIGKILL, so a held lock means running and a free one killed or finished."""
-        return self.path / "training.lock"
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """Hold the run's lock while training it: a second `palomino train --resume` of the same run fails."""
-        with open(self.lock_path, "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                raise PalominoError(
-                    f"{self.path} is being trained by {holder}: wait for it, or stop it (Ctrl-C) before resuming"
-                ) from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()}\n")
-            handle.flush()
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def held(self) -> bool | None:
-        """Whether a process holds the run's lock now; None for a run without one (an orchestrator's)."""
-        try:
-            handle = open(self.lock_path, "rb")  # noqa: SIM115 (closed below, after the probe)
-        except FileNotFoundError:
-            return None
-        with handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return False
+    def lock(self) -> RunLock:
+        """training.lock: held by the process training this run (palomino/runs/lock.py)."""
+        return RunLock(self.path / "training.lock")
 
     def load_config(self) -> ExperimentConfig:
         return load_config(self.config_path)

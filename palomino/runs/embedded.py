@@ -144,7 +144,9 @@ async def train_embedded(
         run.write_real_samples(real_png(dataset, seed=config.seed))
     board = None
     if tensorboard is not None:
-        board = TensorBoardLog(tensorboard, len(cells), purge_step=min(c.iteration for c in cells) if resume else None)
+        # Resumed: the records from the first redone iteration on are written again (steps: iterations done).
+        redone = min(c.iteration for c in cells) + 1 if resume else None
+        board = TensorBoardLog(tensorboard, len(cells), purge_step=redone)
     try:
         bus = InMemorySnapshotBus()
         recorder = RunRecorder(run, dataset, config.training.checkpoint_keep, on_metrics, board)

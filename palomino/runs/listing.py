@@ -6,6 +6,7 @@ comes from its tail: the newest iteration recorded and the best score in it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -75,14 +76,16 @@ def summarise(run: RunDirectory, now: float | None = None) -> RunSummary:
 
 
 def _state(run: RunDirectory, now: float | None) -> str:
+    held = run.lock.held()
+    if held:  # first: a finished or failed run can be resumed with more iterations
+        return "running"
     if run.ranking_path.is_file():
         return "finished"
     ended = _json(run.path / "orchestrator.json").get("state")
     if ended in ("failed", "stopped"):  # a distributed run the orchestrator ended (its reason is in the file)
         return str(ended)
-    held = run.held()
     if held is not None:
-        return "running" if held else "killed"
+        return "killed"
     newest = max((p.stat().st_mtime for p in (run.metrics_path, run.config_path) if p.exists()), default=0.0)
     return "running" if (now or time.time()) - newest < QUIET_S else "killed"
 
@@ -109,7 +112,7 @@ def _tail(path: Path) -> list[dict[str, Any]]:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - TAIL_BYTES))
             lines = handle.read().splitlines()
-    except FileNotFoundError:
+    except OSError:  # missing or unreadable: no progress to show
         return []
     if size > TAIL_BYTES:
         lines = lines[1:]
@@ -158,7 +161,8 @@ def _started(run: RunDirectory) -> float:
     """When the run began: the stamp of its generated name, else config.yaml's time."""
     match = _STAMP.search(run.experiment)
     if match:
-        return datetime.strptime(match[1], "%Y%m%d-%H%M%S").replace(tzinfo=UTC).timestamp()
+        with contextlib.suppress(ValueError):  # a name like a stamp that is no date
+            return datetime.strptime(match[1], "%Y%m%d-%H%M%S").replace(tzinfo=UTC).timestamp()
     return run.config_path.stat().st_mtime
 
 

@@ -5,7 +5,11 @@ orchestrator alike; torch-free (tensorboardX writes the events; TensorBoard read
 `generator_loss/<cell>`, `discriminator_loss/<cell>`, `generator_lr/<cell>`,
 `discriminator_lr/<cell>`, `mixture_score/<cell>`, `grid/best_score` (the lowest cell score of
 each iteration), `samples/<cell>` (each cell's sample picture as it is written), and at the end
-`result/score` and `result/samples`. Steps are iterations.
+`result/score` and `result/samples`. A step is the number of iterations done (a record of
+iteration i is step i + 1, the picture drawn after it too).
+
+Optional, so it never stops a run: a record or a picture it cannot log is skipped with a warning,
+and a writer whose thread died (a full disk) is given up, not waited on.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ log = logging.getLogger(__name__)
 INSTALL = "pip install 'palomino[tensorboard]' (tensorboardX writes the events, tensorboard shows them)"
 # An iteration whose records never all arrive (a cell died, the grid shrank) is written with
 # what it has once this many newer iterations are pending.
-PENDING_ITERATIONS = 8
+PENDING_ITERATIONS = 64
+MAX_STEP = 10**12  # far beyond any run's iterations (the config bounds them), inside an int64
 MAX_PIXELS = 4096 * 4096  # a sample picture is an 8×8 grid of images or a 400×400 scatter
 
 
@@ -45,9 +50,9 @@ class TensorBoardLog:
     """Event files of one run in `folder` (`tensorboard --logdir` its parent to see runs side by side)."""
 
     def __init__(self, folder: Path, cells: int, purge_step: int | None = None) -> None:
-        """`cells`: records an iteration has (the grid's best is written when all are in);
-        `purge_step`: a resumed run redoes iterations from here, so TensorBoard drops what an
-        earlier writer logged at or after it."""
+        """`cells`: records an iteration has (the grid's best is written when all are in; the
+        orchestrator updates it as the layout changes); `purge_step`: a resumed run redoes
+        iterations from this step on, so TensorBoard drops what an earlier writer logged there."""
         require_writer()
         from tensorboardX import SummaryWriter
 
@@ -55,70 +60,110 @@ class TensorBoardLog:
         # A suffix of its own: a resume within the same second must neither overwrite the first
         # file nor sort before it (TensorBoard reads a run's files in name order).
         suffix = f".{time.time_ns()}"
-        self._writer = SummaryWriter(str(folder), purge_step=purge_step or None, flush_secs=10, filename_suffix=suffix)
-        self._scores: dict[int, list[float]] = {}
+        self._writer = SummaryWriter(str(folder), purge_step=purge_step, flush_secs=10, filename_suffix=suffix)
+        self._scores: dict[int, list[float]] = {}  # step → the cell scores in so far
+        self._written: set[int] = set()  # steps whose grid/best_score is written: never twice
+        self._dead = False
 
     def metrics(self, record: dict[str, Any]) -> None:
         """One cell's record of one iteration (a metrics.jsonl line)."""
         iteration, cell = record.get("iteration"), record.get("cell")
-        if not isinstance(iteration, int) or not isinstance(cell, list | tuple) or len(cell) != 2:
+        if not _step(iteration) or not isinstance(cell, list | tuple) or len(cell) != 2:
             return
-        name = f"{cell[0]}-{cell[1]}"
+        step, name = iteration + 1, f"{cell[0]}-{cell[1]}"
         for side in ("generator", "discriminator"):
             values = record.get(side) if isinstance(record.get(side), dict) else {}
-            self._scalar(f"{side}_loss/{name}", values.get("loss"), iteration)
-            self._scalar(f"{side}_lr/{name}", values.get("learning_rate"), iteration)
-        score = record.get("score")
-        self._scalar(f"mixture_score/{name}", score, iteration)
-        arrived = self._scores.setdefault(iteration, [])
-        arrived.append(float(score) if _finite(score) else math.inf)
+            self._scalar(f"{side}_loss/{name}", values.get("loss"), step)
+            self._scalar(f"{side}_lr/{name}", values.get("learning_rate"), step)
+        score = _number(record.get("score"))
+        self._scalar(f"mixture_score/{name}", score, step)
+        if step in self._written:
+            return  # a late or redone record of a step already summed up
+        arrived = self._scores.setdefault(step, [])
+        arrived.append(math.inf if score is None else score)
         if len(arrived) >= self.cells:
-            self._best(iteration)
+            self._best(step)
         while len(self._scores) > PENDING_ITERATIONS:
             self._best(min(self._scores))
 
-    def samples(self, cell: str, iteration: int, png: bytes) -> None:
+    def samples(self, cell: str, step: int, png: bytes) -> None:
         """A cell's sample picture (the PNG the run directory keeps); one that is not a picture is skipped."""
+        if not _step(step):
+            return
         try:
             pixels = _pixels(png)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
-            log.warning("cell %s, iteration %d: sample picture not logged to TensorBoard: %s", cell, iteration, error)
+            log.warning("cell %s, iteration %d: sample picture not logged to TensorBoard: %s", cell, step, error)
             return
-        self._writer.add_image(f"samples/{cell}", pixels, iteration, dataformats="HWC")
+        self._image(f"samples/{cell}", pixels, step)
 
-    def result(self, run: RunDirectory, iteration: int) -> None:
+    def result(self, run: RunDirectory, step: int) -> None:
         """The finished run's result: its score (the whole grid's ensemble, else the best cell's) and samples."""
         try:
             ranking = json.loads(run.ranking_path.read_text())
         except (OSError, ValueError):
-            ranking = {}
-        ensemble = ranking.get("ensemble") if isinstance(ranking, dict) else None
-        if isinstance(ensemble, dict):
-            self._scalar("result/score", ensemble.get("held_out_score"), iteration)
-        elif isinstance(ranking, dict) and ranking.get("ranking"):
-            self._scalar("result/score", ranking["ranking"][0].get("score"), iteration)
-        if run.result_samples_path.is_file():
-            self._writer.add_image(
-                "result/samples", _pixels(run.result_samples_path.read_bytes()), iteration, dataformats="HWC"
-            )
+            ranking = None
+        if isinstance(ranking, dict):
+            ensemble, cells = ranking.get("ensemble"), ranking.get("ranking")
+            if isinstance(ensemble, dict):
+                self._scalar("result/score", _number(ensemble.get("held_out_score")), step)
+            elif isinstance(cells, list) and cells and isinstance(cells[0], dict):
+                self._scalar("result/score", _number(cells[0].get("score")), step)
+        try:
+            self._image("result/samples", _pixels(run.result_samples_path.read_bytes()), step)
+        except (OSError, ValueError, Image.DecompressionBombError) as error:
+            log.warning("the result's samples not logged to TensorBoard: %s", error)
 
     def close(self) -> None:
-        for iteration in sorted(self._scores):
-            self._best(iteration)
-        self._writer.close()
+        for step in sorted(self._scores):
+            self._best(step)
+        if not self._dead and self._alive():
+            self._writer.close()
 
-    def _best(self, iteration: int) -> None:
-        best = min(self._scores.pop(iteration, []), default=math.inf)
+    def _best(self, step: int) -> None:
+        best = min(self._scores.pop(step, []), default=math.inf)
+        self._written.add(step)
         if math.isfinite(best):
-            self._writer.add_scalar("grid/best_score", best, iteration)
+            self._add("add_scalar", "grid/best_score", best, step)
 
-    def _scalar(self, tag: str, value: Any, iteration: int) -> None:
-        if _finite(value):
-            self._writer.add_scalar(tag, float(value), iteration)
+    def _scalar(self, tag: str, value: Any, step: int) -> None:
+        value = _number(value)
+        if value is not None:
+            self._add("add_scalar", tag, value, step)
+
+    def _image(self, tag: str, pixels: np.ndarray, step: int) -> None:
+        self._add("add_image", tag, pixels, step, dataformats="HWC")
+
+    def _add(self, method: str, *args: Any, **kwargs: Any) -> None:
+        if self._dead:
+            return
+        if not self._alive():  # its thread died (a full disk): adding would wait on its queue forever
+            self._dead = True
+            log.warning("TensorBoard's writer stopped (a full or failing disk?): no more events for this run")
+            return
+        getattr(self._writer, method)(*args, **kwargs)
+
+    def _alive(self) -> bool:
+        """Whether tensorboardX's writing thread runs (where its version keeps it; assumed alive elsewhere)."""
+        writer = getattr(getattr(self._writer, "file_writer", None), "event_writer", None)
+        thread = getattr(writer, "_worker", None)
+        return thread is None or thread.is_alive()
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _step(value: Any) -> bool:
+    """An iteration count TensorBoard can keep (an int64 step), not a bool or an absurd number."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_STEP
+
+
+def _number(value: Any) -> float | None:
+    """A finite float of an int or float from a record (huge ints, bools, NaN and text are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _pixels(png: bytes) -> np.ndarray:

@@ -109,11 +109,13 @@ class RunFiles:
     def state(self, now: float | None = None) -> str:
         """finished (result/ranking.json exists), running (its trainer holds its lock; a run without
         one, an orchestrator's: written to lately) or stopped."""
+        held = self.run.lock.held()
+        if held:  # first: a finished run can be resumed with more iterations
+            return "running"
         if self.run.ranking_path.is_file():
             return "finished"
-        held = self.run.held()
         if held is not None:
-            return "running" if held else "stopped"
+            return "stopped"
         stats = [file_stat(p) for p in (self.run.metrics_path, self.run.topology_path, self.run.config_path)]
         newest = max((s.mtime for s in stats if s is not None), default=0.0)
         return "running" if (now or time.time()) - newest < LIVE_WINDOW_S else "stopped"

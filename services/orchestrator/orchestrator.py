@@ -128,8 +128,10 @@ class Orchestrator:
                 await self.results.maybe_finish(experiment)
 
     async def close(self) -> None:
-        await self._stack.aclose()
-        self.shared.boards.close()
+        try:
+            await self._stack.aclose()
+        finally:
+            self.shared.boards.close()
 
     async def __aenter__(self) -> Orchestrator:
         try:
@@ -229,7 +231,8 @@ class Orchestrator:
                     experiment.run.write_real_samples(payload)
             else:
                 experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
-                self.shared.boards.samples(experiment, cell_name(message.coord), message.iteration, payload)
+                cell = cell_name(message.coord)
+                await asyncio.to_thread(self.shared.boards.samples, experiment, cell, message.iteration, payload)
         elif isinstance(message, Done):
             async with self.shared.lock:
                 await self.results.on_done(experiment, message, payload)

@@ -44,8 +44,8 @@ class Placement:
 
     async def end(self, experiment: Experiment, state: State, reason: str = "") -> None:
         experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
-        self.shared.boards.end(experiment)
         await asyncio.to_thread(experiment.persist)
+        self.shared.boards.end(experiment)
         for worker in self.shared.working_on(experiment):
             await self.shared.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
             self.shared.workers[worker].free()

@@ -120,8 +120,8 @@ class Results:
             if experiment.state != "running":
                 return  # stopped while result/ was being written
             experiment.state, experiment.ended_at = "finished", time.time()  # only now: result/ is complete
-            self.shared.boards.end(experiment)
             await asyncio.to_thread(experiment.persist)
+            self.shared.boards.end(experiment)
             log.info(
                 "experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score
             )
