@@ -100,7 +100,7 @@ class Case:
 # Images: examples/mnist-regions-3x3.yaml at its own per-cell budget for every grid size (100
 # iterations × 50 batches of 100), so a bigger grid spends more in all and its baselines get as
 # much. At 30 × 50 every cell's generator was still drawing blurred strokes and the grid lost to
-# one plain GAN on MNIST (README). --quick cuts it to 4 × 20.
+# one plain GAN on MNIST (docs/quality.md). --quick cuts it to 4 × 20.
 IMAGE_BUDGET = (
     "training.iterations=100",
     "training.batches_per_iteration=50",

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads; default 1 on CPU (see README: steadier under other jobs' load), "
+        help="torch intra-op threads; default 1 on CPU (see benchmarks/README.md: steadier under other jobs' load), "
         "torch's default on CUDA; 0 = torch's default",
     )
     parser.add_argument(

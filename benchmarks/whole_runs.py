@@ -1,6 +1,6 @@
 """Whole `palomino train` runs of the examples, this checkout against an earlier revision, back to back.
 
-The README's speed table: each example trained once by a git worktree of `--baseline` (default
+The speed table of docs/speed.md: each example trained once by a git worktree of `--baseline` (default
 18f502c, the head before tiles) and once by this checkout, one after the other on the same
 machine with the same Python (the baseline's code on PYTHONPATH, its own example file), each
 its whole command (start-up, iterations, the final ensemble and its score). Printed: wall and
