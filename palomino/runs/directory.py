@@ -11,6 +11,7 @@ import math
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +25,9 @@ from palomino.io import atomic_write
 from palomino.runs.lock import RunLock
 
 log = logging.getLogger(__name__)
+
+# A run without a lock that has not been written to for this long is not being trained.
+LIVE_WINDOW_S = 120.0
 
 
 def new_experiment_id(name: str) -> str:
@@ -182,6 +186,13 @@ class RunDirectory:
     def lock(self) -> RunLock:
         """training.lock: held by the process training this run (palomino/runs/lock.py)."""
         return RunLock(self.path / "training.lock")
+
+    def written_lately(self, now: float | None = None) -> bool:
+        """Whether metrics.jsonl, topology.jsonl or config.yaml changed in the last LIVE_WINDOW_S: how a
+        run without a lock (an orchestrator's) is told running from stopped."""
+        stats = [file_stat(p) for p in (self.metrics_path, self.topology_path, self.config_path)]
+        newest = max((s.mtime for s in stats if s is not None), default=0.0)
+        return (now or time.time()) - newest < LIVE_WINDOW_S
 
     def load_config(self) -> ExperimentConfig:
         return load_config(self.config_path)

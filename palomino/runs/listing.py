@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,8 +19,6 @@ import yaml
 
 from palomino.runs.directory import RunDirectory, read_jsonl
 
-# A run without a lock (an orchestrator's) that has not been written to for this long is not running.
-QUIET_S = 120.0
 TAIL_BYTES = 1 << 20  # enough for the newest iteration of a 12×12 grid's records (~0.7 kB a cell)
 _STAMP = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
@@ -60,7 +57,7 @@ def summarise(run: RunDirectory, now: float | None = None) -> RunSummary:
     state = _state(run, now)
     if state == "finished":
         done = training.get("iterations", done)
-        best, score_name = _result_score(run) or (best, score_name)
+        best, score_name = result_score(run) or (best, score_name)
     return RunSummary(
         name=run.experiment,
         state=state,
@@ -86,8 +83,7 @@ def _state(run: RunDirectory, now: float | None) -> str:
         return str(ended)
     if held is not None:
         return "killed"
-    newest = max((p.stat().st_mtime for p in (run.metrics_path, run.config_path) if p.exists()), default=0.0)
-    return "running" if (now or time.time()) - newest < QUIET_S else "killed"
+    return "running" if run.written_lately(now) else "killed"
 
 
 def _progress(run: RunDirectory) -> tuple[int, float | None, str | None]:
@@ -127,8 +123,9 @@ def _tail(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _result_score(run: RunDirectory) -> tuple[float, str] | None:
-    """The finished result's score: the whole grid's ensemble on held-out data, else the best cell's."""
+def result_score(run: RunDirectory) -> tuple[float, str] | None:
+    """The finished result's score and its name: the whole grid's ensemble on held-out data, else the
+    best cell's (None without a readable one). `palomino runs` and the TensorBoard log show it."""
     try:
         ranking = json.loads(run.ranking_path.read_text())
     except (OSError, ValueError):

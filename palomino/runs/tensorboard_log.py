@@ -15,7 +15,6 @@ and a writer whose thread died (a full disk) is given up, not waited on.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import math
 import time
@@ -27,6 +26,7 @@ from PIL import Image
 
 from palomino.errors import ConfigError
 from palomino.runs.directory import RunDirectory
+from palomino.runs.listing import result_score
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +99,9 @@ class TensorBoardLog:
 
     def result(self, run: RunDirectory, step: int) -> None:
         """The finished run's result: its score (the whole grid's ensemble, else the best cell's) and samples."""
-        try:
-            ranking = json.loads(run.ranking_path.read_text())
-        except (OSError, ValueError):
-            ranking = None
-        if isinstance(ranking, dict):
-            ensemble, cells = ranking.get("ensemble"), ranking.get("ranking")
-            if isinstance(ensemble, dict):
-                self._scalar("result/score", _number(ensemble.get("held_out_score")), step)
-            elif isinstance(cells, list) and cells and isinstance(cells[0], dict):
-                self._scalar("result/score", _number(cells[0].get("score")), step)
+        score = result_score(run)
+        if score is not None:
+            self._scalar("result/score", score[0], step)
         try:
             self._image("result/samples", _pixels(run.result_samples_path.read_bytes()), step)
         except (OSError, ValueError, Image.DecompressionBombError) as error:

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,6 @@ log = logging.getLogger(__name__)
 EXPERIMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 CELL = re.compile(r"^(\d{1,4})-(\d{1,4})$")
 _SAMPLE = re.compile(r"^iter-(\d{1,9})\.png$")
-# A run that has no result and has not been written to for this long is shown as stopped.
-LIVE_WINDOW_S = 120.0
 
 
 def valid_experiment_id(text: str) -> bool:
@@ -116,9 +113,7 @@ class RunFiles:
             return "finished"
         if held is not None:
             return "stopped"
-        stats = [file_stat(p) for p in (self.run.metrics_path, self.run.topology_path, self.run.config_path)]
-        newest = max((s.mtime for s in stats if s is not None), default=0.0)
-        return "running" if (now or time.time()) - newest < LIVE_WINDOW_S else "stopped"
+        return "running" if self.run.written_lately(now) else "stopped"
 
     def summary(self) -> dict[str, Any]:
         """The same keys as the orchestrator's experiment summary, from the files alone."""
