@@ -61,7 +61,9 @@ def test_count_ops_counts_each_phase_and_the_syncs_of_a_tile(tmp_path: Path) -> 
     )
     rows = {row["cells"]: row for row in json.loads(out.read_text())["rows"]}
     for row in rows.values():
-        assert all(row["ops"][phase] > 0 for phase in ("exchange", "select", "train", "complete")), row
+        assert all(row["ops"][phase] > 0 for phase in ("select", "train", "complete")), row
+        # A perceptron's snapshot is copied only where it is read: the tile reads its neighbours in place.
+        assert row["ops"]["exchange"] == 0, row
         assert row["ops_total"] == sum(row["ops"].values())
         # A tile reads its fitness, re-evaluation, mixtures, losses and step counts back a few
         # times an iteration, however many cells it holds.

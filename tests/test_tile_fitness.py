@@ -120,8 +120,9 @@ def test_a_tile_too_large_for_one_evaluation_goes_in_chunks_and_one_read(monkeyp
     with host.counting() as traffic:
         chunked = module.tile_fitness(jobs)
     assert traffic.reads == 1
-    for a, b in zip(whole, chunked):
-        assert torch.equal(a.g_table, b.g_table) and torch.equal(a.d_table, b.d_table)
+    for a, b in zip(whole, chunked):  # to float rounding: BLAS may multiply a smaller stack with another kernel
+        torch.testing.assert_close(a.g_table, b.g_table)
+        torch.testing.assert_close(a.d_table, b.d_table)
 
     fakes = torch.randn(5, 3, 10, 2, generator=torch.Generator().manual_seed(1))
     real = torch.randn(5, 30, 2, generator=torch.Generator().manual_seed(2))

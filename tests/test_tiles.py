@@ -229,13 +229,16 @@ def test_stacked_adam_matches_torch_adam_per_member(float64: None) -> None:
             module(x[m]).square().mean().backward()
             optimizer.step()
     unstack(params, [c[0] for c in copies])
-    adam.unstack([c[1] for c in copies])
-    for (module, optimizer), (twin, twin_opt) in zip(reference, copies):
-        for a, b in zip(module.parameters(), twin.parameters()):
+    states = adam.member_states([True, False, True])
+    for (module, optimizer), twin, state in zip(reference, [c[0] for c in copies], states):
+        for a, b, sb in zip(module.parameters(), twin.parameters(), state):
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
-            sa, sb = optimizer.state[a], twin_opt.state[b]
+            sa = optimizer.state[a]
             assert float(sa["step"]) == float(sb["step"])
             assert torch.allclose(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=1e-12, atol=1e-16)
+    # Views of the stacks, one step count a parameter (torch's Adam increments each in place).
+    assert states[0][0]["exp_avg"].data_ptr() == adam.exp_avg[layout.names[0]].data_ptr()
+    assert states[0][0]["step"] is not states[0][1]["step"]
 
 
 # ---- a tile against its cells one by one -------------------------------------------------------

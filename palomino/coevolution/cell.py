@@ -222,15 +222,23 @@ class Cell:
         return FitnessJob(*networks, draw.z, draw.real, draw.labels, self.fitness_loss, **cut)
 
     def choose(
-        self, prepared: Prepared, fakes: list[torch.Tensor], g_table: torch.Tensor, d_table: torch.Tensor
+        self,
+        prepared: Prepared,
+        fakes: list[torch.Tensor],
+        g_table: torch.Tensor,
+        d_table: torch.Tensor,
+        *,
+        clone: bool = True,
     ) -> Selected:
         """Selection over the neighbourhood (or, when no one migrates this iteration, the cell
-        alone) builds the new local populations, which train against each other."""
+        alone) builds the new local populations, which train against each other. `clone=False`:
+        the winners themselves, for a tile, whose training copies them into its stacks and hands
+        back new individuals (it never writes to these)."""
         all_g, all_d = prepared.all_g, prepared.all_d
         self._assign(all_g[: len(g_table)], g_table, dim=1)
         self._assign(all_d[: d_table.shape[1]], d_table, dim=0)
-        new_g = self._select(all_g, len(self.generators))
-        new_d = self._select(all_d, len(self.discriminators))
+        new_g = self._select(all_g, len(self.generators), clone)
+        new_d = self._select(all_d, len(self.discriminators), clone)
         return Selected(new_g, new_d, prepared.others, prepared.foreign_g, all_d, prepared.draw, fakes, prepared.heard)
 
     def complete(self, selected: Selected, steps: Steps) -> IterationReport:
@@ -325,8 +333,9 @@ class Cell:
         for ind, value in zip(individuals, aggregate(table, self.config.training.fitness.mode, dim=dim).tolist()):
             ind.fitness = value
 
-    def _select(self, candidates: list[Individual], local: int) -> list[Individual]:
-        """Clones of the tournament's winners; `candidates` holds the `local` individuals first."""
+    def _select(self, candidates: list[Individual], local: int, clone: bool = True) -> list[Individual]:
+        """Clones of the tournament's winners (or the winners, `clone=False`); `candidates` holds
+        the `local` individuals first."""
         training = self.config.training
         winners = neighbourhood_select(
             candidates,
@@ -338,7 +347,7 @@ class Cell:
             migration=training.selection.migration,
             margin=training.selection.margin,
         )
-        return [ind.clone() for ind in winners]
+        return [ind.clone() for ind in winners] if clone else list(winners)
 
     def _replace(self, population: Population, trained: list[Individual]) -> Population:
         training = self.config.training

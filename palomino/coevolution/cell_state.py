@@ -13,6 +13,7 @@ import torch
 
 from palomino.coevolution.networks import tensors_on
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
+from palomino.wire.snapshot import DeferredTensors
 
 if TYPE_CHECKING:
     from palomino.coevolution.cell_data import CellData
@@ -50,7 +51,14 @@ def snapshot(cell: CellParts) -> Snapshot:
         mixture=dict(cell.mixture_weights),
         score=None if np.isnan(cell.score) else cell.score,
     )
-    return Snapshot(header, {**g.tensors("generator"), **d.tensors("discriminator")})
+
+    def tensors() -> dict[str, torch.Tensor]:
+        return {**g.tensors("generator"), **d.tensors("discriminator")}
+
+    # A forward in training mode moves a BatchNorm's statistics in place: such a snapshot is
+    # copied now; a perceptron's members are never written once they are members.
+    moving = any(True for ind in (g, d) for _ in ind.network.buffers())
+    return Snapshot(header, tensors() if moving else DeferredTensors(tensors))
 
 
 def state(cell: CellParts) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -33,11 +33,21 @@ class Individual:
             group["lr"] = learning_rate * scale
 
     def clone(self) -> Individual:
-        """An independent copy, Adam moments included (selection copies, never aliases)."""
-        network = copy.deepcopy(self.network)
+        """An independent copy, Adam moments included (selection copies, never aliases). Each
+        tensor is cloned alone: a tile's individuals hold views of its stacks, and deepcopy
+        copies a view's whole storage."""
+        memo = {id(t): _fresh(t) for t in [*self.network.parameters(), *self.network.buffers()]}
+        states = [self.optimizer.state.get(p, {}) for p in self.network.parameters()]
+        return self.like(copy.deepcopy(self.network, memo), [{k: v.clone() for k, v in s.items()} for s in states])
+
+    def like(self, network: nn.Module, states: list[dict[str, torch.Tensor]]) -> Individual:
+        """An individual with this one's rate, fitness, loss, origin and optimiser settings, on
+        `network` with these Adam states (one a parameter, in order; empty: never stepped)."""
         optimizer = make_adam(network, self.learning_rate, self.optimizer.param_groups[0]["betas"])
-        # load_state_dict keeps tensors that already fit: copy, or the clone's steps move ours.
-        optimizer.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
+        optimizer.param_groups[0].update({k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"})
+        for parameter, state in zip(network.parameters(), states):
+            if state:
+                optimizer.state[parameter] = state
         return Individual(self.role, network, optimizer, self.learning_rate, self.fitness, self.loss, self.origin)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -69,6 +79,13 @@ class Individual:
         saved["state"] = state
         self.optimizer.load_state_dict(saved)
         self.set_learning_rate(self.learning_rate)
+
+
+def _fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of this tensor alone, a parameter staying a parameter."""
+    if isinstance(tensor, nn.Parameter):
+        return nn.Parameter(tensor.detach().clone(), tensor.requires_grad)
+    return tensor.clone()
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from torch import nn
@@ -68,7 +70,7 @@ class NeighbourSlots:
         return individual
 
 
-def tensors_on(device: torch.device, tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+def tensors_on(device: torch.device, tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The tensors under `prefix`, on `device` (not the whole snapshot once per role), uploaded
     without waiting. Adam's step counts stay on the host, where torch's Adam keeps them: on the
     device each would cost a sync to load and one more at every step (`.item()`)."""

@@ -84,7 +84,7 @@ class Tile:
             prepared = list(run(lambda cell: cell.prepare(neighbours[cell.coord], local), self.cells))
             selected = list(
                 run(
-                    lambda args: args[0].choose(args[1], *args[2]),
+                    lambda args: args[0].choose(args[1], *args[2], clone=False),
                     zip(self.cells, prepared, self._fitness(prepared, run)),
                 )
             )

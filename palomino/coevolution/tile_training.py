@@ -10,13 +10,14 @@ run, to float tolerance (tests/test_tiles.py), and a lane's draws never depend o
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from palomino.coevolution.cell_data import CellData
 from palomino.coevolution.individual import Individual
@@ -26,7 +27,7 @@ from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
 from palomino.nn.host import upload
 from palomino.nn.stack_layout import StackLayout, layout_of
-from palomino.nn.stacked import gather, stack, stack_buffers, stacked_gradient_penalty, unstack
+from palomino.nn.stacked import gather, stack, stack_buffers, stacked_gradient_penalty
 from palomino.nn.stacked_adam import StackedAdam
 from palomino.nn.stacked_conv import BufferUse
 
@@ -105,13 +106,27 @@ class _Role:
         """The buffers that a stacked call of these members advances (None: the networks keep none)."""
         return BufferUse(self.buffers, members, active) if self.buffers else None
 
-    def write_back(self, scales: list[float]) -> None:
-        unstack(self.params, [ind.network for ind in self.individuals], self.buffers)
-        self.adam.unstack([ind.optimizer for ind in self.individuals])
+    def materialise(self, scales: list[float]) -> list[Individual]:
+        """Each member as a new individual whose weights, buffers and Adam state are its rows of
+        the stacks (views: no copy a member). Selection hands a tile its winners themselves, not
+        clones (a clone would be copied again into the stack); the tile never writes to them."""
+        params = {name: value.detach().unbind(0) for name, value in self.params.items()}
+        buffers = {name: value.unbind(0) for name, value in self.buffers.items()}
+        states = self.adam.member_states([bool(ind.optimizer.state) for ind in self.individuals])
+        out = []
         for member, ind in enumerate(self.individuals):
+            memo: dict[int, Tensor] = {}
+            for name, parameter in ind.network.named_parameters():
+                memo[id(parameter)] = nn.Parameter(params[name][member], parameter.requires_grad)
+            for name, buffer in ind.network.named_buffers():
+                if name in buffers:
+                    memo[id(buffer)] = buffers[name][member]
+            trained = ind.like(copy.deepcopy(ind.network, memo), states[member])
             if self.last_loss[member] is not None:  # it stepped: its rate and loss as Training.run leaves them
-                ind.set_learning_rate(self.rates[member], scales[self.lane_of[member]])
-                ind.loss = self.last_loss[member]  # type: ignore[assignment]
+                trained.set_learning_rate(self.rates[member], scales[self.lane_of[member]])
+                trained.loss = self.last_loss[member]  # type: ignore[assignment]
+            out.append(trained)
+        return out
 
 
 class _Tables:
@@ -229,6 +244,7 @@ class _Lockstep:
 
     def __init__(self, lanes: list[Lane], data: TileData) -> None:
         self.config = lanes[0].training.config
+        self.lanes = lanes
         self.g = _Role.of([lane.generators for lane in lanes])
         self.d = _Role.of([lane.discriminators for lane in lanes])
         self.scales = [decay_factor(self.config.decay, lane.iteration / self.config.iterations) for lane in lanes]
@@ -254,8 +270,11 @@ class _Lockstep:
             if any(d_active):
                 self.d_losses.append((self._discriminator_step(step, d_active), d_active))
         self._last_moves()
-        self.g.write_back(self.scales)
-        self.d.write_back(self.scales)
+        for role, members in ((self.g, "generators"), (self.d, "discriminators")):
+            trained = role.materialise(self.scales)
+            for lane, first in zip(self.lanes, role.first):  # in place: the cell's Selected holds these lists
+                chosen = getattr(lane, members)
+                chosen[:] = trained[first : first + len(chosen)]
         self._collect(self.g, self.g_losses, "generator")
         self._collect(self.d, self.d_losses, "discriminator")
         return self.steps

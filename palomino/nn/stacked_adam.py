@@ -70,35 +70,27 @@ class StackedAdam:
         self.steps = steps
 
     @torch.no_grad()
-    def unstack(self, optimizers: Sequence[torch.optim.Adam]) -> None:
-        """Each member's moments and step count back into its own Adam (as torch keeps them)."""
+    def member_states(self, kept: Sequence[bool]) -> list[list[dict[str, Tensor]]]:
+        """Each member's Adam state as torch keeps it, one dict a parameter: views of the stacked
+        moments (no copy) and step counts on the host. A member that never stepped and whose
+        source kept no state (`kept` false) gets none, as torch's Adam would not."""
         names = list(self.params)
         counts = values(self.steps)
+        # One host tensor of every count, one 0-d view a member and parameter: torch's Adam
+        # increments each parameter's step in place.
+        steps = torch.tensor([c for c in counts for _ in names], dtype=torch.float32).unbind(0)
         avg = {name: value.unbind(0) for name, value in self.exp_avg.items()}
         avg_sq = {name: value.unbind(0) for name, value in self.exp_avg_sq.items()}
-        step_of = torch.tensor(counts, dtype=torch.float32).unbind(0)  # on the host, as torch keeps steps
-        # A member's state tensors of the last iteration are written in place, all in one
-        # multi-tensor copy; a member that steps for the first time gets new ones.
-        targets: list[Tensor] = []  # the moments (on the device)
-        sources: list[Tensor] = []
-        step_targets: list[Tensor] = []  # the step counts (on the host)
-        step_sources: list[Tensor] = []
-        for member, optimizer in enumerate(optimizers):
-            if counts[member] == 0:
-                continue  # never stepped: its Adam keeps no state, as torch's would not
-            for name, parameter in zip(names, optimizer.param_groups[0]["params"]):
-                state = optimizer.state.get(parameter)
-                if state and {"step", "exp_avg", "exp_avg_sq"} <= state.keys() and state["step"].dim() == 0:
-                    targets += [state["exp_avg"], state["exp_avg_sq"]]
-                    sources += [avg[name][member], avg_sq[name][member]]
-                    step_targets.append(state["step"])
-                    step_sources.append(step_of[member])
-                else:
-                    optimizer.state[parameter] = {
-                        "step": step_of[member].clone(),
-                        "exp_avg": avg[name][member].clone(),
-                        "exp_avg_sq": avg_sq[name][member].clone(),
-                    }
-        for into, values_from in ((targets, sources), (step_targets, step_sources)):
-            if into:
-                torch._foreach_copy_(into, values_from)
+        out: list[list[dict[str, Tensor]]] = []
+        for member, count in enumerate(counts):
+            if count == 0 and not kept[member]:
+                out.append([{} for _ in names])
+                continue
+            first = member * len(names)
+            out.append(
+                [
+                    {"step": steps[first + i], "exp_avg": avg[name][member], "exp_avg_sq": avg_sq[name][member]}
+                    for i, name in enumerate(names)
+                ]
+            )
+        return out

@@ -6,6 +6,7 @@ the frame, then the header's schema, then the tensors, before a single one is tr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -42,11 +43,37 @@ class SnapshotHeader(BaseModel):
     payload_bytes: int = 0
 
 
+class DeferredTensors(Mapping[str, "torch.Tensor"]):
+    """A snapshot's tensors, copied on first use: a tile's neighbour reads a cell's individuals
+    in place and an in-process bus passes the snapshot on, so most are never read. Safe only
+    where what `make` reads is never written after the snapshot (a population's members are
+    replaced, not trained in place; networks with moving buffers snapshot eagerly)."""
+
+    def __init__(self, make: Callable[[], dict[str, torch.Tensor]]) -> None:
+        self._make: Callable[[], dict[str, torch.Tensor]] | None = make
+        self._tensors: dict[str, torch.Tensor] | None = None
+
+    def _made(self) -> dict[str, torch.Tensor]:
+        if self._tensors is None:
+            assert self._make is not None
+            self._tensors, self._make = self._make(), None
+        return self._tensors
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._made()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
+
+
 @dataclass
 class Snapshot:
     header: SnapshotHeader
     # Keys: "generator.net.<param>", "generator.opt.<i>.<name>", likewise "discriminator.…".
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def iteration(self) -> int:
