@@ -12,7 +12,8 @@ Two measurements, in one process, on one device:
           each cell's fitness and selection, the stacked training, re-evaluation, replacement
           and mixture; plus the snapshots the cells exchange), seconds per iteration split by
           phase, projected to `--project` batches per cell (120,000: 200 epochs of 60,000 images).
-  count   `--count-ops`: for each K of `--cells`, one whole iteration of a K-cell tile (after a
+  count   `--count-ops`: for each K of `--cells`, one whole iteration of a K-cell tile as a GPU runs
+          it (its cells' halves batched, no call made a cell for a CPU's exactness; after a
           warm-up one), counted instead of timed: aten ops dispatched by phase (a TorchDispatchMode in
           the thread that runs the tile) and host syncs: reads back to the host, counted by
           palomino.nn.host, which every transfer goes through (on a GPU each waits for the queue;
@@ -296,9 +297,11 @@ def phases_wrapped(wrap: Callable[[str, Callable], Callable]) -> Iterator[None]:
 
 def count_iteration(cells: list[Cell]) -> dict:
     """One whole iteration of `cells` as one tile (after a warm-up one), counted by phase."""
-    # What a GPU runs (a CPU evaluates fitness cell by cell); revisions before that choice batch nothing.
-    batched = {"batched": True} if "batched" in inspect.signature(Tile).parameters else {}
-    tile = Tile(cells, **batched)
+    # What a GPU runs (a CPU evaluates fitness cell by cell, and where a cell has one member, makes
+    # its call alone for exactness); revisions before those choices run as they did.
+    parameters = inspect.signature(Tile).parameters
+    gpu_form = {name: value for name, value in (("batched", True), ("exact", False)) if name in parameters}
+    tile = Tile(cells, **gpu_form)
     tile.iterate(neighbourhoods(cells))  # warm-up: slots built, first reshuffles
     counter = OpCounter()
     traffic = None  # the open tally, once counting starts

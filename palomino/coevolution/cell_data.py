@@ -81,7 +81,8 @@ class CellData:
 
     def _reshuffle(self) -> None:
         cpu = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
-        self.order = torch.randperm(len(self.samples), generator=cpu, device="cpu")
+        # Kept as a host array: a batch's indices are then a numpy slice, not two torch ops a batch.
+        self.order = torch.randperm(len(self.samples), generator=cpu, device="cpu").numpy()
         self.cursor = 0
 
     def next_indices(self, batch_size: int) -> np.ndarray:
@@ -89,7 +90,7 @@ class CellData:
         size = min(batch_size, len(self.samples))
         if self.cursor + size > len(self.order):
             self._reshuffle()
-        index = self.order[self.cursor : self.cursor + size].numpy()
+        index = self.order[self.cursor : self.cursor + size]
         self.cursor += size
         return index
 
@@ -119,8 +120,8 @@ class CellData:
         return classes[torch.arange(n, device=self.device) * len(classes) // n]
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        return {"data.order": self.order.clone()}, {"cursor": self.cursor}
+        return {"data.order": torch.from_numpy(self.order.copy())}, {"cursor": self.cursor}
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        self.order = tensors["data.order"].clone()
+        self.order = tensors["data.order"].cpu().numpy().copy()
         self.cursor = int(meta["cursor"])

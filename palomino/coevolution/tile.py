@@ -53,11 +53,15 @@ class Tile:
     training in as many stacks, each on one torch thread — a lane depends on no other lane,
     so the result does not depend on `workers`. On a GPU, one stack (workers = 1)."""
 
-    def __init__(self, cells: Sequence[Cell], workers: int = 1, batched: bool | None = None) -> None:
+    def __init__(
+        self, cells: Sequence[Cell], workers: int = 1, batched: bool | None = None, exact: bool = True
+    ) -> None:
         """`batched`: evaluate all cells' fitness and re-evaluation as one stack (tile_fitness.py).
         By default on a GPU, where a tile's calls cost what they dispatch; on a CPU the arithmetic
         is the cost, and one stack of every cell's activations missed the caches (the ring 3×3's
-        selection took 10–15 % longer batched, benchmarks/tiles.py --grid 3)."""
+        selection took 10–15 % longer batched, benchmarks/tiles.py --grid 3). `exact=False`: a
+        batched CPU tile makes the calls a GPU makes, to float rounding of each cell's own
+        (benchmarks/tiles.py counts them so); by default it gives each cell its own numbers."""
         if not cells:
             raise ValueError("a tile needs at least one cell")
         first = cells[0]
@@ -70,6 +74,7 @@ class Tile:
         self.workers = max(1, min(workers, len(self.cells)))
         self.data = [TileData() for _ in range(self.workers)]  # each stack's data, kept on the device
         self.batched = first.device.type != "cpu" if batched is None else batched
+        self.exact = exact
 
     @property
     def iteration(self) -> int:
@@ -109,7 +114,7 @@ class Tile:
         def part_fitness(indices: list[int]) -> list[tuple[list[Tensor], Tensor, Tensor]]:
             jobs = [self.cells[i].fitness_job(prepared[i]) for i in indices]
             if self.batched and batchable(jobs):
-                return [(r.fakes, r.g_table, r.d_table) for r in tile_fitness(jobs)]
+                return [(r.fakes, r.g_table, r.d_table) for r in tile_fitness(jobs, self.exact)]
             return [self.cells[i].fitness(prepared[i]) for i in indices]
 
         return self._per_stack(part_fitness, run)
@@ -122,8 +127,8 @@ class Tile:
             jobs = [self.cells[i].re_evaluation_jobs(selected[i]) for i in indices]
             trained_g, trained_d = [g for g, _ in jobs], [d for _, d in jobs]
             if self.batched and batchable(trained_g) and batchable(trained_d):
-                g_tables = [r.g_table for r in tile_fitness(trained_g)]
-                d_tables = [r.d_table for r in tile_fitness(trained_d)]
+                g_tables = [r.g_table for r in tile_fitness(trained_g, self.exact)]
+                d_tables = [r.d_table for r in tile_fitness(trained_d, self.exact)]
                 return list(zip(g_tables, d_tables))
             return [self.cells[i].re_evaluate(selected[i]) for i in indices]
 
@@ -138,7 +143,7 @@ class Tile:
             if self.batched and _same_mixture(chosen):
                 networks = [[g.network for g in draw.generators] for draw in chosen]
                 labels = None if chosen[0].labels is None else torch.stack([d.labels for d in chosen])  # type: ignore[misc]
-                fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels)
+                fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels, self.exact)
                 return MixtureScore.from_batch(fakes, torch.stack([d.real for d in chosen]))
             return [self.cells[i].mixture_of(draws[i]) for i in indices]
 

@@ -79,16 +79,16 @@ ACTIVATION_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
 
 
 @torch.no_grad()
-def tile_fitness(jobs: Sequence[FitnessJob]) -> list[FitnessResult]:
+def tile_fitness(jobs: Sequence[FitnessJob], exact: bool = True) -> list[FitnessResult]:
     """Every job's samples and tables, from a few stacked calls a chunk and one read. Tables are
     cut as fitness_tables cuts them (`generators` rows, `critics` columns) and computed as it
-    computes them: the whole table in one evaluation, a part in two."""
+    computes them: the whole table in one evaluation, a part in two. `exact`: see `_forward`."""
     first = jobs[0]
     g_count, d_count = first.sample_count, len(first.discriminators)
     g_rows = g_count if first.generators_needed is None else first.generators_needed
     d_cols = d_count if first.critics_needed is None else first.critics_needed
     size = _chunk(jobs)
-    chunks = [_evaluate(jobs[start : start + size], g_rows, d_cols) for start in range(0, len(jobs), size)]
+    chunks = [_evaluate(jobs[start : start + size], g_rows, d_cols, exact) for start in range(0, len(jobs), size)]
     back = to_host(torch.cat([values for _, values in chunks]))  # one read for the tile
     per_job = g_rows * d_count + g_count * d_cols
     results = []
@@ -109,7 +109,7 @@ def _chunk(jobs: Sequence[FitnessJob]) -> int:
     return max(1, budget // (rows * width * first.real.element_size() * 3))
 
 
-def _evaluate(jobs: Sequence[FitnessJob], g_rows: int, d_cols: int) -> tuple[Tensor, Tensor]:
+def _evaluate(jobs: Sequence[FitnessJob], g_rows: int, d_cols: int, exact: bool) -> tuple[Tensor, Tensor]:
     """(fakes (J, G, B, …), the jobs' tables flat on the device: each job's generator table
     (g_rows × D), then its discriminator table (G × d_cols))."""
     first = jobs[0]
@@ -121,9 +121,9 @@ def _evaluate(jobs: Sequence[FitnessJob], g_rows: int, d_cols: int) -> tuple[Ten
     if first.fakes is not None:
         fakes = torch.stack([torch.stack(job.fakes) for job in jobs])  # type: ignore[arg-type]
     else:
-        fakes = generate_each([job.generators for job in jobs], torch.stack([job.z for job in jobs]), labels)
+        fakes = generate_each([job.generators for job in jobs], torch.stack([job.z for job in jobs]), labels, exact)
     inputs = torch.cat([fakes, torch.stack([job.real for job in jobs])[:, None]], dim=1)  # (J, G+1, B, …)
-    judge = _Judge(d_layout, d_params, count, labels)
+    judge = _Judge(d_layout, d_params, count, labels, exact)
     loss = first.loss
     if g_rows == g_count and d_cols == d_count:
         logits = judge(inputs, d_count)  # (J, D, G+1, B)
@@ -142,7 +142,9 @@ def _evaluate(jobs: Sequence[FitnessJob], g_rows: int, d_cols: int) -> tuple[Ten
 
 
 @torch.no_grad()
-def generate_each(generators: Sequence[Sequence[nn.Module]], z: Tensor, labels: Tensor | None) -> Tensor:
+def generate_each(
+    generators: Sequence[Sequence[nn.Module]], z: Tensor, labels: Tensor | None, exact: bool = True
+) -> Tensor:
     """Job j's generators each on z[j] (labels[j]), as fitness.generate gives one cell's theirs:
     samples (J, G, B, …) from one stacked call."""
     count, g_count = len(generators), len(generators[0])
@@ -150,7 +152,7 @@ def generate_each(generators: Sequence[Sequence[nn.Module]], z: Tensor, labels: 
     layout = StackedMLP.of(flat[0])
     params = {k: v.detach() for k, v in stack(flat, layout.names).items()}
     fakes = _forward(
-        layout, params, _per_member(z, g_count), None if labels is None else _per_member(labels, g_count), count
+        layout, params, _per_member(z, g_count), None if labels is None else _per_member(labels, g_count), count, exact
     )
     return fakes.view(count, g_count, *fakes.shape[1:])
 
@@ -159,8 +161,10 @@ class _Judge:
     """Each cell's first `members` discriminators on that cell's inputs, every input its own batch
     (as fitness.apply_each feeds one cell's): logits (J, members, inputs, B)."""
 
-    def __init__(self, layout: StackedMLP, params: dict[str, Tensor], count: int, labels: Tensor | None) -> None:
-        self.layout, self.params, self.count, self.labels = layout, params, count, labels
+    def __init__(
+        self, layout: StackedMLP, params: dict[str, Tensor], count: int, labels: Tensor | None, exact: bool
+    ) -> None:
+        self.layout, self.params, self.count, self.labels, self.exact = layout, params, count, labels, exact
         self.per_cell = len(next(iter(params.values()))) // count
 
     def __call__(self, inputs: Tensor, members: int) -> Tensor:
@@ -174,21 +178,24 @@ class _Judge:
             index = torch.arange(count * members, device=inputs.device).repeat_interleave(per_input)
             x = _per_member(inputs, members).reshape(count * members * per_input, batch, *inputs.shape[3:])
             y = None if labels is None else _per_member(labels, members * per_input)
-            logits = _forward(self.layout, gather(params, index), x, y, count)
+            logits = _forward(self.layout, gather(params, index), x, y, count, self.exact)
         else:
             x = _per_member(inputs.reshape(count, per_input * batch, *inputs.shape[3:]), members)
             y = None if labels is None else _per_member(labels.repeat(1, per_input), members)
-            logits = _forward(self.layout, params, x, y, count)
+            logits = _forward(self.layout, params, x, y, count, self.exact)
         return logits.reshape(count, members, per_input, batch)
 
 
-def _forward(layout: StackedMLP, params: dict[str, Tensor], x: Tensor, labels: Tensor | None, count: int) -> Tensor:
+def _forward(
+    layout: StackedMLP, params: dict[str, Tensor], x: Tensor, labels: Tensor | None, count: int, exact: bool
+) -> Tensor:
     """`layout.forward` of all members, whose first len/count belong to the first job, and so on.
-    Where a cell's own call would stack one member, on a CPU each job is its own call: torch
-    multiplies a batch of one matrix with another kernel than a batch of many (the last bit
-    differs), and a tile must give each cell exactly its own numbers (a CPU run repeats the
-    runs before tiles batched the fitness, bit for bit)."""
-    if len(x) != count or x.device.type != "cpu":
+    `exact`, where a cell's own call would stack one member, on a CPU each job is its own call:
+    torch multiplies a batch of one matrix with another kernel than a batch of many (the last bit
+    differs), and a tile must give each cell exactly its own numbers (a CPU run repeats the runs
+    before tiles batched the fitness, bit for bit). A GPU, or a count of what one dispatches,
+    makes one call."""
+    if not exact or len(x) != count or x.device.type != "cpu":
         return layout.forward(params, x, labels)
     return torch.cat(
         [

@@ -51,22 +51,28 @@ class StackedAdam:
         counted = steps.clamp(min=1.0)  # a member that never stepped and is inactive: no 0/0
         step_size = learning_rates.to(self.steps) / (1 - beta1**counted)
         correction2 = (1 - beta2**counted).sqrt()
+        shaped: dict[tuple[torch.dtype, int], tuple[Tensor, ...]] = {}  # once a dtype and rank, not a tensor
         for name, param in self.params.items():
-            shape = (-1,) + (1,) * (param.dim() - 1)
+            key = (param.dtype, param.dim())
+            if key not in shaped:
+                shape = (-1,) + (1,) * (param.dim() - 1)
+                masks = () if active is None else (active.view(shape), ~active.view(shape))
+                shaped[key] = (correction2.to(param.dtype).view(shape), step_size.to(param.dtype).view(shape), *masks)
+            correction, size, *masks = shaped[key]
             grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
             if active is not None:  # inactive members keep their moments: update copies, then choose
                 exp_avg, exp_avg_sq = exp_avg.clone(), exp_avg_sq.clone()
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = exp_avg_sq.sqrt().div_(correction2.to(param.dtype).view(shape)).add_(self.eps)
-            update = exp_avg.mul(step_size.to(param.dtype).view(shape)).div_(denom)
-            if active is None:
+            denom = exp_avg_sq.sqrt().div_(correction).add_(self.eps)
+            update = exp_avg.mul(size).div_(denom)
+            if not masks:
                 param.sub_(update)
             else:
-                keep = active.view(shape)
+                keep, drop = masks
                 self.exp_avg[name] = torch.where(keep, exp_avg, self.exp_avg[name])
                 self.exp_avg_sq[name] = torch.where(keep, exp_avg_sq, self.exp_avg_sq[name])
-                param.sub_(update.masked_fill_(~keep, 0.0))
+                param.sub_(update.masked_fill_(drop, 0.0))
         self.steps = steps
 
     @torch.no_grad()
