@@ -2,7 +2,8 @@
 # The GPU figures (issues 22, 34) in one call on a lent GPU host (its python has torch and nothing else of
 # ours): the tile's steps for K = 1 … 576 MNIST perceptron cells, a 12×12 grid's whole iterations by
 # phase, the tile's steps for K = 1, 9, 36 MNIST DCGANs (width 64), the referee's baselines stacked,
-# and the one-cell loop for reference. Tables go to stdout and to $OUT (or ./gpu-out).
+# the one-cell loop for reference, the ops counted, and a real `palomino train` of a 12×12 MNIST grid.
+# Tables go to stdout and to $OUT (or ./gpu-out).
 #
 # Before the call, on the development machine: `bash benchmarks/gpu.sh prepare` puts wheels of what
 # the host lacks (pydantic, ...; Python 3.12, x86-64, the versions of .venv) in .whl/ and a copy of
@@ -14,7 +15,8 @@ if [ "${1:-}" = prepare ]; then
   [ -x .venv/bin/pip ] || { echo "run make first: no .venv here" >&2; exit 1; }
   mkdir -p .whl
   for p in pydantic pydantic-core annotated-types typing-inspection typing-extensions pydantic-settings \
-    python-dotenv platformdirs fastapi starlette uvicorn aio-pika aiormq pamqp redis sse-starlette; do
+    python-dotenv platformdirs fastapi starlette uvicorn aio-pika aiormq pamqp redis sse-starlette \
+    typer click rich markdown-it-py mdurl pygments shellingham pyyaml pillow safetensors; do
     v=$(.venv/bin/pip show "$p" 2>/dev/null | awk '/^Version:/{print $2}')
     [ -n "$v" ] || { echo "not in .venv, skipped: $p" >&2; continue; }
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -61,4 +63,34 @@ run baselines python3 benchmarks/tiles.py --model ring --cells --baselines "${ce
 run step-throughput python3 benchmarks/step_throughput.py --device "$DEVICE" --batches "$batches" --rounds "$rounds" --network mlp
 # Ops and host syncs of one whole iteration (the same on any device: counted, not timed).
 run tiles-count python3 benchmarks/tiles.py --count-ops --cells "${cells[@]:0:3}" --batches "$batches" --device "$DEVICE" --json "$out/tiles-count.json"
+# A real `palomino train` of the grid (MNIST's test split; the quick form: the ring toy), its seconds an
+# iteration read from its metrics.jsonl and projected to 120,000 batches a cell.
+train_sets=(--set "grid.rows=$grid" --set "grid.cols=$grid" --set "device=$DEVICE" --set "training.iterations=$((iterations + 1))"
+  --set "training.batches_per_iteration=$((batches * 6))" --set training.ensemble.scope=neighbourhood
+  --set training.checkpoint_every=1000 --set training.sample_every=1000)
+if [ -n "${QUICK:-}" ]; then
+  run train-grid python3 -m palomino.cli train examples/ring-3x3.yaml --out "$out/runs" "${train_sets[@]}"
+elif [ -d "$PALOMINO_DATA_DIR/mnist" ]; then
+  run train-grid python3 -m palomino.cli train examples/mnist-mlp-3x3.yaml --out "$out/runs" "${train_sets[@]}" \
+    --set data.split=test --set "data.dir=$PALOMINO_DATA_DIR/mnist"
+else
+  echo "== train-grid skipped: no \$PALOMINO_DATA_DIR/mnist (bash benchmarks/gpu.sh prepare copies it to .data)"
+fi
+if [ -d "$out/runs" ]; then
+  python3 - "$out/runs" "$((batches * 6))" <<'PY' | tee "$out/train-grid-speed.txt"
+import json, statistics, sys
+from pathlib import Path
+metrics = sorted(Path(sys.argv[1]).glob("*/metrics.jsonl"))[-1]
+records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+per = {}
+for r in records:  # a tile's cells share one iteration's seconds
+    per[r["iteration"]] = r["seconds"]["train"] + r["seconds"]["communicate"]
+timed = [s for i, s in sorted(per.items())][1:] or list(per.values())  # the first iteration warms up
+batches = int(sys.argv[2])
+seconds = statistics.median(timed)
+print(f"train-grid: {len({tuple(r['cell']) for r in records})} cells, {batches} batches an iteration, "
+      f"{seconds:.2f} s/iteration (median of {len(timed)}); projected to 120,000 batches a cell: "
+      f"{seconds * 120_000 / batches / 60:.1f} min")
+PY
+fi
 echo "== tables in $out"

@@ -27,10 +27,19 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
         ["bash", "benchmarks/gpu.sh"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for stage in ("tiles-steps", "tiles-grid", "tiles-dcgan", "baselines", "step-throughput", "tiles-count"):
+    for stage in (
+        "tiles-steps",
+        "tiles-grid",
+        "tiles-dcgan",
+        "baselines",
+        "step-throughput",
+        "tiles-count",
+        "train-grid",
+    ):
         text = (tmp_path / f"{stage}.txt").read_text()
         assert "Traceback" not in text, f"{stage}:\n{text[-2000:]}"
     assert "s/iteration" in (tmp_path / "tiles-grid.txt").read_text()
+    assert "s/iteration" in (tmp_path / "train-grid-speed.txt").read_text()  # a real palomino train, timed
     counts = json.loads((tmp_path / "tiles-count.json").read_text())
     assert [row["cells"] for row in counts["rows"]] == [1, 4, 9]
     assert all(row["syncs_total"] > 0 for row in counts["rows"])

@@ -287,6 +287,31 @@ def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict
         assert len(rates) > 1  # members really trained at different rates
 
 
+def test_a_tiles_members_hold_views_of_its_stacks_and_survivors_let_them_go() -> None:
+    """A trained member's tensors are views of the iteration's stacks (no copy a member); a member
+    that survives replacement takes storage of its own, or it would keep its whole stack alive."""
+    cfg = config(grid={"rows": 3, "cols": 3}, training={"population_size": 2, "iterations": 8})
+    cells = make_cells(cfg, ring64())
+    tile = Tile(cells)
+
+    def members() -> list:
+        return [ind for cell in cells for ind in [*cell.generators, *cell.discriminators]]
+
+    def tensors(ind: Any) -> list[torch.Tensor]:
+        moments = [v for state in ind.optimizer.state.values() for v in state.values()]
+        return [*ind.network.parameters(), *moments]
+
+    for _ in range(6):
+        tile.iterate(neighbourhoods(cells))
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for m in members() for t in tensors(m)}
+        own = sum(t.numel() * t.element_size() for m in members() for t in tensors(m))
+        assert sum(held.values()) <= 2 * own  # the last stacks at most, besides the members themselves
+    shared = [
+        m for m in members() if any(t.untyped_storage().nbytes() > t.numel() * t.element_size() for t in tensors(m))
+    ]
+    assert shared  # the trained ones: views
+
+
 def test_a_tile_in_two_stacks_on_two_threads_is_the_same_tile(float64: None) -> None:
     cfg, dataset = config(grid={"rows": 3, "cols": 3}), ring64()
     one, two = make_cells(cfg, dataset), make_cells(cfg, dataset)

@@ -286,6 +286,10 @@ class Cell:
             ind.origin = str(self.coord)
         self.generators = self._replace(self.generators, new_g)
         self.discriminators = self._replace(self.discriminators, new_d)
+        trained = {id(ind) for ind in [*new_g, *new_d]}
+        for ind in [*self.generators, *self.discriminators]:
+            if id(ind) not in trained:  # a survivor: a tile's would keep its whole stack alive
+                ind.own_storage()
 
     def _evolve_mixture(self, selected: Selected) -> None:
         draw = self.mixture_draw(selected)

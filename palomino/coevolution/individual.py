@@ -50,6 +50,21 @@ class Individual:
                 optimizer.state[parameter] = state
         return Individual(self.role, network, optimizer, self.learning_rate, self.fitness, self.loss, self.origin)
 
+    def own_storage(self) -> None:
+        """Its tensors in storage of their own where they are views of a tile's stacks (values
+        unchanged): a member that outlives its iteration would keep every member of that stack alive."""
+        for module in self.network.modules():
+            for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+                if tensor is not None and _shared(tensor):
+                    if name in module._parameters:
+                        tensor.data = tensor.detach().clone()
+                    else:
+                        module._buffers[name] = tensor.clone()
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and _shared(value):
+                    state[key] = value.clone()
+
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """Weights and Adam moments as a flat, safetensors-ready dict (copies, not views)."""
         out = {f"{prefix}.net.{k}": v.detach().clone() for k, v in self.network.state_dict().items()}
@@ -79,6 +94,11 @@ class Individual:
         saved["state"] = state
         self.optimizer.load_state_dict(saved)
         self.set_learning_rate(self.learning_rate)
+
+
+def _shared(tensor: torch.Tensor) -> bool:
+    """Whether this tensor is a view of a larger storage (a tile's stack)."""
+    return tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size()
 
 
 def _fresh(tensor: torch.Tensor) -> torch.Tensor:
