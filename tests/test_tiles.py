@@ -237,7 +237,7 @@ def test_stacked_adam_matches_torch_adam_per_member(float64: None) -> None:
             assert float(sa["step"]) == float(sb["step"])
             assert torch.allclose(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=1e-12, atol=1e-16)
     # Views of the stacks, one step count a parameter (torch's Adam increments each in place).
-    assert states[0][0]["exp_avg"].data_ptr() == adam.exp_avg[layout.names[0]].data_ptr()
+    assert states[0][0]["exp_avg"].data_ptr() == adam.exp_avg.data_ptr()
     assert states[0][0]["step"] is not states[0][1]["step"]
 
 

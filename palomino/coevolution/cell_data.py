@@ -13,7 +13,7 @@ from palomino.data.regions import region_labels, regions_subset
 from palomino.errors import DatasetError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid
-from palomino.nn.host import upload
+from palomino.nn.host import to_host, upload
 
 
 def cell_seed(seed: int, coord: Coord) -> np.random.SeedSequence:
@@ -123,5 +123,5 @@ class CellData:
         return {"data.order": torch.from_numpy(self.order.copy())}, {"cursor": self.cursor}
 
     def restore(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        self.order = tensors["data.order"].cpu().numpy().copy()
+        self.order = to_host(tensors["data.order"]).numpy().copy()
         self.cursor = int(meta["cursor"])

@@ -18,11 +18,22 @@ from palomino.nn.stacked import Params
 
 
 class StackedAdam:
+    """The members' parameters, moments and gradients each side by side in one (M, N) tensor, so a
+    step is a dozen ops for the whole network, not a dozen a tensor: `params`' tensors are made
+    views of `flat` (their objects, and so the forward's and autograd's leaves, stay the same)."""
+
     def __init__(
         self, params: Params, optimizers: Sequence[torch.optim.Adam], betas: tuple[float, float], eps: float = 1e-8
     ) -> None:
         """`optimizers[m]` is member m's Adam: its moments and step count are stacked (zeros if it never stepped)."""
+        if len({p.dtype for p in params.values()}) != 1:
+            raise ValueError("a stacked Adam needs every parameter in one dtype")
         self.params, self.betas, self.eps = params, betas, eps
+        self.sizes = [p[0].numel() for p in params.values()]
+        with torch.no_grad():
+            self.flat = torch.cat([p.detach().flatten(1) for p in params.values()], dim=1)
+            for param, view in zip(params.values(), self._views(self.flat)):
+                param.data = view
         moments: dict[str, tuple[list[Tensor], list[Tensor]]] = {name: ([], []) for name in params}
         counts = []
         for member, optimizer in enumerate(optimizers):
@@ -38,10 +49,17 @@ class StackedAdam:
                     avg_sq.append(zeros)
             # One count a member: torch's Adam keeps the same one for each of its tensors (the last read).
             counts.append(float(state["step"]) if "step" in state else 0.0)
-        self.exp_avg: Params = {name: torch.stack(avg) for name, (avg, _) in moments.items()}
-        self.exp_avg_sq: Params = {name: torch.stack(avg_sq) for name, (_, avg_sq) in moments.items()}
-        device = next(iter(params.values())).device
-        self.steps = torch.tensor(counts, dtype=torch.float64, device=device)
+        self.exp_avg = self._flat([torch.stack(avg) for avg, _ in moments.values()])
+        self.exp_avg_sq = self._flat([torch.stack(avg_sq) for _, avg_sq in moments.values()])
+        self.steps = torch.tensor(counts, dtype=torch.float64, device=self.flat.device)
+
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        """Each parameter's part of a flat (M, N) tensor, in its own shape (views)."""
+        return [part.view(p.shape) for part, p in zip(flat.split(self.sizes, dim=1), self.params.values())]
+
+    @staticmethod
+    def _flat(tensors: list[Tensor]) -> Tensor:
+        return torch.cat([t.flatten(1) for t in tensors], dim=1)
 
     @torch.no_grad()
     def step(self, grads: Params, learning_rates: Tensor, active: Tensor | None = None) -> None:
@@ -49,30 +67,24 @@ class StackedAdam:
         beta1, beta2 = self.betas
         steps = self.steps + (1.0 if active is None else active.to(self.steps.dtype))
         counted = steps.clamp(min=1.0)  # a member that never stepped and is inactive: no 0/0
-        step_size = learning_rates.to(self.steps) / (1 - beta1**counted)
-        correction2 = (1 - beta2**counted).sqrt()
-        shaped: dict[tuple[torch.dtype, int], tuple[Tensor, ...]] = {}  # once a dtype and rank, not a tensor
-        for name, param in self.params.items():
-            key = (param.dtype, param.dim())
-            if key not in shaped:
-                shape = (-1,) + (1,) * (param.dim() - 1)
-                masks = () if active is None else (active.view(shape), ~active.view(shape))
-                shaped[key] = (correction2.to(param.dtype).view(shape), step_size.to(param.dtype).view(shape), *masks)
-            correction, size, *masks = shaped[key]
-            grad, exp_avg, exp_avg_sq = grads[name], self.exp_avg[name], self.exp_avg_sq[name]
-            if active is not None:  # inactive members keep their moments: update copies, then choose
-                exp_avg, exp_avg_sq = exp_avg.clone(), exp_avg_sq.clone()
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = exp_avg_sq.sqrt().div_(correction).add_(self.eps)
-            update = exp_avg.mul(size).div_(denom)
-            if not masks:
-                param.sub_(update)
-            else:
-                keep, drop = masks
-                self.exp_avg[name] = torch.where(keep, exp_avg, self.exp_avg[name])
-                self.exp_avg_sq[name] = torch.where(keep, exp_avg_sq, self.exp_avg_sq[name])
-                param.sub_(update.masked_fill_(drop, 0.0))
+        dtype = self.flat.dtype
+        size = (learning_rates.to(self.steps) / (1 - beta1**counted)).to(dtype)[:, None]
+        correction = (1 - beta2**counted).sqrt().to(dtype)[:, None]
+        grad = self._flat([grads[name] for name in self.params])
+        exp_avg, exp_avg_sq = self.exp_avg, self.exp_avg_sq
+        if active is not None:  # inactive members keep their moments: update copies, then choose
+            exp_avg, exp_avg_sq = exp_avg.clone(), exp_avg_sq.clone()
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = exp_avg_sq.sqrt().div_(correction).add_(self.eps)
+        update = exp_avg.mul(size).div_(denom)
+        if active is None:
+            self.flat.sub_(update)
+        else:
+            keep = active[:, None]
+            self.exp_avg = torch.where(keep, exp_avg, self.exp_avg)
+            self.exp_avg_sq = torch.where(keep, exp_avg_sq, self.exp_avg_sq)
+            self.flat.sub_(update.masked_fill_(~keep, 0.0))
         self.steps = steps
 
     @torch.no_grad()
@@ -85,8 +97,8 @@ class StackedAdam:
         # One host tensor of every count, one 0-d view a member and parameter: torch's Adam
         # increments each parameter's step in place.
         steps = torch.tensor([c for c in counts for _ in names], dtype=torch.float32).unbind(0)
-        avg = {name: value.unbind(0) for name, value in self.exp_avg.items()}
-        avg_sq = {name: value.unbind(0) for name, value in self.exp_avg_sq.items()}
+        avg = [value.unbind(0) for value in self._views(self.exp_avg)]
+        avg_sq = [value.unbind(0) for value in self._views(self.exp_avg_sq)]
         out: list[list[dict[str, Tensor]]] = []
         for member, count in enumerate(counts):
             if count == 0 and not kept[member]:
@@ -95,8 +107,8 @@ class StackedAdam:
             first = member * len(names)
             out.append(
                 [
-                    {"step": steps[first + i], "exp_avg": avg[name][member], "exp_avg_sq": avg_sq[name][member]}
-                    for i, name in enumerate(names)
+                    {"step": steps[first + i], "exp_avg": avg[i][member], "exp_avg_sq": avg_sq[i][member]}
+                    for i in range(len(names))
                 ]
             )
         return out
