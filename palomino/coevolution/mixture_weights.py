@@ -90,7 +90,7 @@ class MixtureScore:
         y = real.reshape(real.shape[0], -1).float()
         # The ES evaluates the quadratic form on the CPU with numpy weights: everything it needs
         # comes back in one read (one host sync on a GPU), bandwidths included.
-        return cls._of(to_host(_values(x, y, count, factors)), count, per_component)
+        return cls._of(to_host(_values(x, y, count, factors)).numpy(), count, per_component)
 
     @classmethod
     def from_batch(
@@ -105,15 +105,15 @@ class MixtureScore:
         budget = BATCH_BUDGET.get(fakes.device.type, BATCH_BUDGET["cuda"])
         size = max(1, budget // (rows * rows * 4 * 5))  # three distance matrices and two kernel buffers
         chunks = [_values(x[at : at + size], y[at : at + size], count, factors) for at in range(0, jobs, size)]
-        return [cls._of(row, count, per_component) for row in to_host(torch.cat(chunks)).unbind()]
+        return [cls._of(row, count, per_component) for row in to_host(torch.cat(chunks)).numpy()]
 
     @classmethod
-    def _of(cls, row: torch.Tensor, count: int, per_component: int) -> MixtureScore:
-        """The score from `_values`' row, read back."""
+    def _of(cls, row: np.ndarray, count: int, per_component: int) -> MixtureScore:
+        """The score from `_values`' row, read back (cut on the host: numpy views, no torch op)."""
         square = count * count
         return cls(
-            k_fake=row[:square].reshape(count, count),
-            k_cross_mean=row[square : square + count],
+            k_fake=torch.from_numpy(row[:square].reshape(count, count)),
+            k_cross_mean=torch.from_numpy(row[square : square + count]),
             k_real_mean=float(row[square + count]),
             components=count,
             per_component=per_component,

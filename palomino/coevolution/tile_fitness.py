@@ -89,15 +89,14 @@ def tile_fitness(jobs: Sequence[FitnessJob], exact: bool = True) -> list[Fitness
     d_cols = d_count if first.critics_needed is None else first.critics_needed
     size = _chunk(jobs)
     chunks = [_evaluate(jobs[start : start + size], g_rows, d_cols, exact) for start in range(0, len(jobs), size)]
-    back = to_host(torch.cat([values for _, values in chunks]))  # one read for the tile
+    # One read for the tile, cut into each job's tables on the host as numpy views (no torch op a job).
+    back = to_host(torch.cat([values for _, values in chunks])).numpy()
     per_job = g_rows * d_count + g_count * d_cols
-    results = []
-    for index, fakes in enumerate(f for chunk, _ in chunks for f in chunk.unbind()):
-        row = back[index * per_job : (index + 1) * per_job]
-        g_table = row[: g_rows * d_count].view(g_rows, d_count)
-        d_table = row[g_rows * d_count :].view(g_count, d_cols)
-        results.append(FitnessResult(list(fakes.unbind()), g_table, d_table))
-    return results
+    tables = torch.from_numpy(back.reshape(len(jobs), per_job))
+    g_tables = tables[:, : g_rows * d_count].reshape(len(jobs), g_rows, d_count).unbind()
+    d_tables = tables[:, g_rows * d_count :].reshape(len(jobs), g_count, d_cols).unbind()
+    fakes = [f for chunk, _ in chunks for f in chunk.unbind()]
+    return [FitnessResult(list(f.unbind()), g, d) for f, g, d in zip(fakes, g_tables, d_tables)]
 
 
 def _chunk(jobs: Sequence[FitnessJob]) -> int:
