@@ -21,7 +21,8 @@ ITERATION_CODE = [
     *sorted((ROOT / "palomino" / "coevolution").glob("*.py")),
     *sorted((ROOT / "palomino" / "nn").glob("*.py")),
 ]
-TRANSFER = re.compile(r"\.cpu\(\)|non_blocking")  # (.numpy() of a device tensor fails loudly)
+# (.numpy() of a device tensor fails loudly; torch.tensor(…, device=) copies from pageable memory and waits)
+TRANSFER = re.compile(r"\.cpu\(\)|non_blocking|torch\.(as_)?tensor\(.*device=")
 
 
 def test_the_iterations_code_moves_tensors_only_through_the_helpers() -> None:

@@ -116,7 +116,7 @@ class CellData:
 
     def picture_labels(self, n: int) -> torch.Tensor:
         """Labels for a picture of n samples: each class in turn, in equal blocks."""
-        classes = torch.tensor(self.classes, device=self.device)
+        classes = upload(self.classes, self.device)
         return classes[torch.arange(n, device=self.device) * len(classes) // n]
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from palomino.nn.host import to_host
+from palomino.nn.host import to_host, upload
 
 BANDWIDTH_FACTORS = (0.1, 0.3, 1.0)  # multiples of the median distance: fine and coarse structure
 
@@ -57,7 +57,7 @@ def _values(x: torch.Tensor, y: torch.Tensor, count: int, factors: tuple[float, 
     # the kernels, and a few thousand pin it down.
     pooled = torch.cat([xx.flatten(-2), xy.flatten(-2), yy.flatten(-2)], dim=-1)
     median = pooled[..., :: max(1, pooled.shape[-1] // 4096)].median(dim=-1).values.clamp_min(1e-12).sqrt()
-    bandwidths = median.double()[..., None] * torch.tensor(factors, dtype=torch.float64, device=median.device)
+    bandwidths = median.double()[..., None] * upload(factors, median.device, torch.float64)
     k_fake = _block_means(_kernel(xx, bandwidths), count, count)
     k_cross = _block_means(_kernel(xy, bandwidths), count, 1).squeeze(-1)
     k_real = _block_means(_kernel(yy, bandwidths), 1, 1).flatten(-2)

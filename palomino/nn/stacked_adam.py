@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from palomino.nn.host import values
+from palomino.nn.host import upload, values
 from palomino.nn.stacked import Params
 
 
@@ -51,7 +51,7 @@ class StackedAdam:
             counts.append(float(state["step"]) if "step" in state else 0.0)
         self.exp_avg = self._flat([torch.stack(avg) for avg, _ in moments.values()])
         self.exp_avg_sq = self._flat([torch.stack(avg_sq) for _, avg_sq in moments.values()])
-        self.steps = torch.tensor(counts, dtype=torch.float64, device=self.flat.device)
+        self.steps = upload(counts, self.flat.device, torch.float64)
 
     def _views(self, flat: Tensor) -> list[Tensor]:
         """Each parameter's part of a flat (M, N) tensor, in its own shape (views)."""
