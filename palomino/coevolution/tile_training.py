@@ -106,13 +106,13 @@ class _Role:
         """The buffers that a stacked call of these members advances (None: the networks keep none)."""
         return BufferUse(self.buffers, members, active) if self.buffers else None
 
-    def materialise(self, scales: list[float]) -> list[Individual]:
+    def materialise(self, scales: list[float], taken: np.ndarray) -> list[Individual]:
         """Each member as a new individual whose weights, buffers and Adam state are its rows of
         the stacks (views: no copy a member). Selection hands a tile its winners themselves, not
         clones (a clone would be copied again into the stack); the tile never writes to them."""
         params = {name: value.detach().unbind(0) for name, value in self.params.items()}
         buffers = {name: value.unbind(0) for name, value in self.buffers.items()}
-        states = self.adam.member_states([bool(ind.optimizer.state) for ind in self.individuals])
+        states = self.adam.member_states([bool(ind.optimizer.state) for ind in self.individuals], taken.tolist())
         out = []
         for member, ind in enumerate(self.individuals):
             memo: dict[int, Tensor] = {}
@@ -270,8 +270,12 @@ class _Lockstep:
             if any(d_active):
                 self.d_losses.append((self._discriminator_step(step, d_active), d_active))
         self._last_moves()
-        for role, members in ((self.g, "generators"), (self.d, "discriminators")):
-            trained = role.materialise(self.scales)
+        tables = self.tables
+        for role, members, active in (
+            (self.g, "generators", tables.g_active),
+            (self.d, "discriminators", tables.d_active),
+        ):
+            trained = role.materialise(self.scales, active.sum(axis=0))
             for lane, first in zip(self.lanes, role.first):  # in place: the cell's Selected holds these lists
                 chosen = getattr(lane, members)
                 chosen[:] = trained[first : first + len(chosen)]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from palomino.nn.host import upload, values
+from palomino.nn.host import upload
 from palomino.nn.stacked import Params
 
 
@@ -51,6 +51,7 @@ class StackedAdam:
             counts.append(float(state["step"]) if "step" in state else 0.0)
         self.exp_avg = self._flat([torch.stack(avg) for avg, _ in moments.values()])
         self.exp_avg_sq = self._flat([torch.stack(avg_sq) for _, avg_sq in moments.values()])
+        self.counts = counts  # on the host too: the steps a member takes are the host's decision
         self.steps = upload(counts, self.flat.device, torch.float64)
 
     def _views(self, flat: Tensor) -> list[Tensor]:
@@ -88,12 +89,13 @@ class StackedAdam:
         self.steps = steps
 
     @torch.no_grad()
-    def member_states(self, kept: Sequence[bool]) -> list[list[dict[str, Tensor]]]:
+    def member_states(self, kept: Sequence[bool], taken: Sequence[int]) -> list[list[dict[str, Tensor]]]:
         """Each member's Adam state as torch keeps it, one dict a parameter: views of the stacked
-        moments (no copy) and step counts on the host. A member that never stepped and whose
-        source kept no state (`kept` false) gets none, as torch's Adam would not."""
+        moments (no copy) and step counts on the host, counted there (`taken`: the steps each
+        member took since the stack was made; no read back). A member that never stepped and
+        whose source kept no state (`kept` false) gets none, as torch's Adam would not."""
         names = list(self.params)
-        counts = values(self.steps)
+        counts = [count + steps for count, steps in zip(self.counts, taken)]
         # One host tensor of every count, one 0-d view a member and parameter: torch's Adam
         # increments each parameter's step in place.
         steps = torch.tensor([c for c in counts for _ in names], dtype=torch.float32).unbind(0)
