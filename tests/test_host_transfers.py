@@ -70,5 +70,7 @@ def test_count_ops_counts_each_phase_and_the_syncs_of_a_tile(tmp_path: Path) -> 
         # times an iteration, however many cells it holds.
         assert row["syncs_total"] <= 10, row
     assert rows[4]["syncs"] == rows[1]["syncs"]
+    # A tile's selection copies nothing a cell (its stack is the copy): with clones it was ~300 ops a cell.
+    assert rows[4]["ops"]["select"] / 4 < 60, rows[4]["ops"]
     # Four cells dispatch more than one, and the training's per-batch work is counted per batch.
     assert rows[4]["ops"]["train"] > rows[1]["ops"]["train"]
