@@ -364,17 +364,25 @@ class _Lockstep:
 
     def _collect(self, role: _Role, history: list[tuple[Tensor, list[bool]]], name: str) -> None:
         """Each lane's step losses in Training.run's order (step by step, member by member), as
-        one tensor a lane: a few ops a lane an iteration, not one a member and step."""
+        one tensor a lane: one gather for every lane (one index sent), then views."""
         if not history:
             return
         values = torch.stack([v for v, _ in history])  # (steps, members)
         active = np.array([a for _, a in history])
+        members = len(role.individuals)
+        rows, lanes, counts = [], [], []
         for lane, first in enumerate(role.first):
-            end = role.first[lane + 1] if lane + 1 < len(role.first) else len(role.individuals)
-            mask = active[:, first:end]
-            if mask.any():
-                rows = torch.from_numpy(np.flatnonzero(mask.ravel()))
-                setattr(self.steps[lane], name, values[:, first:end].reshape(-1)[upload(rows, self.device)])
+            end = role.first[lane + 1] if lane + 1 < len(role.first) else members
+            steps, member = np.nonzero(active[:, first:end])  # row-major: step by step, member by member
+            if len(steps):
+                rows.append(steps * members + first + member)
+                lanes.append(lane)
+                counts.append(len(steps))
+        if not rows:
+            return
+        taken = values.reshape(-1)[upload(torch.from_numpy(np.concatenate(rows)), self.device)]
+        for lane, losses in zip(lanes, taken.split(counts)):
+            setattr(self.steps[lane], name, losses)
 
 
 def _on(device: torch.device, values: list, dtype: torch.dtype) -> Tensor:
