@@ -72,6 +72,7 @@ class _Role:
     params: dict[str, Tensor] = field(init=False)
     buffers: dict[str, Tensor] = field(init=False)
     adam: StackedAdam = field(init=False)
+    detached: dict[str, Tensor] = field(init=False)
     rates: list[float] = field(init=False)
     last_loss: list[str | None] = field(init=False)
 
@@ -82,6 +83,9 @@ class _Role:
         self.buffers = stack_buffers(networks, self.layout.buffer_names)
         betas = self.individuals[0].optimizer.param_groups[0]["betas"]
         self.adam = StackedAdam(self.params, [ind.optimizer for ind in self.individuals], betas)
+        # The same numbers without a gradient, for opponents: Adam updates them in place, so one
+        # detach an iteration serves every step (an opponent is used before its own update).
+        self.detached = {k: v.detach() for k, v in self.params.items()}
         self.rates = [ind.learning_rate for ind in self.individuals]
         self.last_loss = [None] * len(self.individuals)
 
@@ -97,10 +101,9 @@ class _Role:
     def frozen(self, index: list[int], on_device: Tensor) -> dict[str, Tensor]:
         """The members at `index` (`on_device`: the same, on the device) as opponents: no gradient
         flows back into them."""
-        detached = {k: v.detach() for k, v in self.params.items()}
         if index == list(range(len(self.individuals))):
-            return detached  # each member's opponent is its lane's only one (population 1): no copy
-        return gather(detached, on_device)
+            return self.detached  # each member's opponent is its lane's only one (population 1): no copy
+        return gather(self.detached, on_device)
 
     def use(self, members: list[int] | None, active: list[bool]) -> BufferUse | None:
         """The buffers that a stacked call of these members advances (None: the networks keep none)."""
