@@ -306,10 +306,17 @@ def test_a_tiles_members_hold_views_of_its_stacks_and_survivors_let_them_go() ->
         held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for m in members() for t in tensors(m)}
         own = sum(t.numel() * t.element_size() for m in members() for t in tensors(m))
         assert sum(held.values()) <= 2 * own  # the last stacks at most, besides the members themselves
-    shared = [
-        m for m in members() if any(t.untyped_storage().nbytes() > t.numel() * t.element_size() for t in tensors(m))
-    ]
-    assert shared  # the trained ones: views
+
+    def views(ind: Any) -> bool:
+        return any(t.untyped_storage().nbytes() > t.numel() * t.element_size() for t in tensors(ind))
+
+    assert [m for m in members() if views(m)]  # the trained ones
+    before = [dict(cell.state()[0]) for cell in cells]
+    for cell in cells:  # a released slot's cell keeps no stack alive, and its numbers
+        cell.let_go()
+    assert not [m for m in members() if views(m)]
+    for cell, state in zip(cells, before):
+        assert all(torch.equal(state[k], v) for k, v in cell.state()[0].items())
 
 
 def test_a_tile_in_two_stacks_on_two_threads_is_the_same_tile(float64: None) -> None:

@@ -142,7 +142,7 @@ class Cell:
     def _neighbour(self, snapshot: Snapshot, role: Role, local: Mapping[Coord, Cell]) -> Individual:
         """A neighbour's individual as its snapshot describes it. A cell of the same tile that has
         not moved since its snapshot lends its own network and Adam state (selection clones
-        them, nothing writes to them), under the snapshot's rate, fitness and loss: the same
+        them, or a tile copies them into its stacks; nothing writes to them), under the snapshot's rate, fitness and loss: the same
         numbers as a slot loaded from the snapshot, without the copies. Perceptrons only: a
         DCGAN's forward moves its BatchNorm statistics, which must move in a copy."""
         header = snapshot.header
@@ -287,9 +287,14 @@ class Cell:
         self.generators = self._replace(self.generators, new_g)
         self.discriminators = self._replace(self.discriminators, new_d)
         trained = {id(ind) for ind in [*new_g, *new_d]}
-        for ind in [*self.generators, *self.discriminators]:
-            if id(ind) not in trained:  # a survivor: a tile's would keep its whole stack alive
-                ind.own_storage()
+        for population in (self.generators, self.discriminators):  # a tile's survivor would keep its stack alive
+            population.individuals = [i if id(i) in trained else i.owning() for i in population.individuals]
+
+    def let_go(self) -> None:
+        """The cell leaves its tile (a released slot keeps it): its individuals take storage of
+        their own, so that it keeps none of the tile's stacks alive."""
+        for population in (self.generators, self.discriminators):
+            population.individuals = [ind.owning() for ind in population.individuals]
 
     def _evolve_mixture(self, selected: Selected) -> None:
         draw = self.mixture_draw(selected)

@@ -50,20 +50,13 @@ class Individual:
                 optimizer.state[parameter] = state
         return Individual(self.role, network, optimizer, self.learning_rate, self.fitness, self.loss, self.origin)
 
-    def own_storage(self) -> None:
-        """Its tensors in storage of their own where they are views of a tile's stacks (values
-        unchanged): a member that outlives its iteration would keep every member of that stack alive."""
-        for module in self.network.modules():
-            for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
-                if tensor is not None and _shared(tensor):
-                    if name in module._parameters:
-                        tensor.data = tensor.detach().clone()
-                    else:
-                        module._buffers[name] = tensor.clone()
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and _shared(value):
-                    state[key] = value.clone()
+    def owning(self) -> Individual:
+        """This individual, or where its tensors are views of a tile's stacks, a copy with storage
+        of its own (the same numbers): one that outlives its iteration would keep every member of
+        that stack alive. A copy, not a change in place: a deferred snapshot may be reading it."""
+        tensors = [*self.network.parameters(), *self.network.buffers()]
+        tensors += [v for state in self.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        return self.clone() if any(_shared(t) for t in tensors) else self
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """Weights and Adam moments as a flat, safetensors-ready dict (copies, not views)."""

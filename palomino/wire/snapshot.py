@@ -6,6 +6,7 @@ the frame, then the header's schema, then the tensors, before a single one is tr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -52,12 +53,14 @@ class DeferredTensors(Mapping[str, "torch.Tensor"]):
     def __init__(self, make: Callable[[], dict[str, torch.Tensor]]) -> None:
         self._make: Callable[[], dict[str, torch.Tensor]] | None = make
         self._tensors: dict[str, torch.Tensor] | None = None
+        self._lock = threading.Lock()  # a tile's threads may read one snapshot at once: one copy
 
     def _made(self) -> dict[str, torch.Tensor]:
-        if self._tensors is None:
-            assert self._make is not None
-            self._tensors, self._make = self._make(), None
-        return self._tensors
+        with self._lock:
+            if self._tensors is None:
+                assert self._make is not None
+                self._tensors, self._make = self._make(), None
+            return self._tensors
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self._made()[key]

@@ -246,7 +246,8 @@ class Block:
             changed = True
             if resize.coord is None:
                 log.info("slot %s released to the spares by epoch %d", slot, resize.epoch)
-                self._released[slot] = self.cells.pop(slot)
+                self._released[slot] = released = self.cells.pop(slot)
+                released.let_go()
                 self.holds.discard(slot)
                 continue
             coord = Coord(*resize.coord)
