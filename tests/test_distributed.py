@@ -283,7 +283,9 @@ def test_an_orchestrator_killed_and_restarted_finishes_its_experiment(stack: Sta
     wait_until(lambda: waiting_for_the_orchestrator(stack, servers) >= 4, timeout=60)
     stack.start_orchestrator("orchestrator-2")
     again = stack.client.experiment(experiment)
-    assert again["state"] == "running" and again["cells"] == before["cells"], again
+    # Known again, with its layout; already finished if the cells' Done messages were all waiting
+    # in the queue (a fast tile finishes the few iterations while the orchestrator is down).
+    assert again["state"] in ("running", "finished") and again["cells"] == before["cells"], again
     final = stack.client.wait(experiment, timeout=240)
     assert final["state"] == "finished" and final["failures"] == [], final
     check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
