@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -36,13 +37,24 @@ class Individual:
         """An independent copy, Adam moments included (selection copies, never aliases). Each
         tensor is cloned alone: a tile's individuals hold views of its stacks, and deepcopy
         copies a view's whole storage."""
-        memo = {id(t): _fresh(t) for t in [*self.network.parameters(), *self.network.buffers()]}
+        named = [*self.network.named_parameters(), *self.network.named_buffers()]
         states = [self.optimizer.state.get(p, {}) for p in self.network.parameters()]
-        return self.like(copy.deepcopy(self.network, memo), [{k: v.clone() for k, v in s.items()} for s in states])
+        return self.like(
+            {n: t.detach().clone() for n, t in named}, [{k: v.clone() for k, v in s.items()} for s in states]
+        )
 
-    def like(self, network: nn.Module, states: list[dict[str, torch.Tensor]]) -> Individual:
-        """An individual with this one's rate, fitness, loss, origin and optimiser settings, on
-        `network` with these Adam states (one a parameter, in order; empty: never stepped)."""
+    def like(self, tensors: Mapping[str, torch.Tensor], states: list[dict[str, torch.Tensor]]) -> Individual:
+        """An individual with this one's rate, fitness, loss, origin and optimiser settings, on a
+        copy of its network whose parameters (and the buffers named) are `tensors`, by name,
+        as they are (no copy), with these Adam states (one a parameter, in order; empty: never
+        stepped)."""
+        memo: dict[int, torch.Tensor] = {}
+        for name, parameter in self.network.named_parameters():
+            memo[id(parameter)] = nn.Parameter(tensors[name], parameter.requires_grad)
+        for name, buffer in self.network.named_buffers():
+            if name in tensors:
+                memo[id(buffer)] = tensors[name]
+        network = copy.deepcopy(self.network, memo)
         optimizer = make_adam(network, self.learning_rate, self.optimizer.param_groups[0]["betas"])
         optimizer.param_groups[0].update({k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"})
         for parameter, state in zip(network.parameters(), states):
@@ -92,13 +104,6 @@ class Individual:
 def _shared(tensor: torch.Tensor) -> bool:
     """Whether this tensor is a view of a larger storage (a tile's stack)."""
     return tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size()
-
-
-def _fresh(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of this tensor alone, a parameter staying a parameter."""
-    if isinstance(tensor, nn.Parameter):
-        return nn.Parameter(tensor.detach().clone(), tensor.requires_grad)
-    return tensor.clone()
 
 
 @dataclass

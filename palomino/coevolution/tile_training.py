@@ -10,14 +10,13 @@ run, to float tolerance (tests/test_tiles.py), and a lane's draws never depend o
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from palomino.coevolution.cell_data import CellData
 from palomino.coevolution.individual import Individual
@@ -118,13 +117,8 @@ class _Role:
         states = self.adam.member_states([bool(ind.optimizer.state) for ind in self.individuals], taken.tolist())
         out = []
         for member, ind in enumerate(self.individuals):
-            memo: dict[int, Tensor] = {}
-            for name, parameter in ind.network.named_parameters():
-                memo[id(parameter)] = nn.Parameter(params[name][member], parameter.requires_grad)
-            for name, buffer in ind.network.named_buffers():
-                if name in buffers:
-                    memo[id(buffer)] = buffers[name][member]
-            trained = ind.like(copy.deepcopy(ind.network, memo), states[member])
+            rows = {name: rows[member] for name, rows in [*params.items(), *buffers.items()]}
+            trained = ind.like(rows, states[member])
             if self.last_loss[member] is not None:  # it stepped: its rate and loss as Training.run leaves them
                 trained.set_learning_rate(self.rates[member], scales[self.lane_of[member]])
                 trained.loss = self.last_loss[member]  # type: ignore[assignment]
