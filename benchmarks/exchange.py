@@ -3,6 +3,7 @@ an iteration that cells spend communicating or waiting in a `palomino up` run.
 
     python benchmarks/exchange.py                      # latency for mlp and dcgan snapshots
     python benchmarks/exchange.py --runs runs/a runs/b # + time shares from finished run directories
+    python benchmarks/exchange.py --bytes              # bytes a cell publishes an iteration, and a 32×32 grid
 
 Target (issue 3): p50 ≤ 20 ms for an mlp snapshot (Lipizzaner: ~0.5 s per exchange over HTTP),
 communication + waiting ≤ 5 % of an iteration. Baseline in the same run: encoding + decoding
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from palomino.coevolution import Cell
+from palomino.coevolution import Cell, cell_state
 from palomino.config import ExperimentConfig
 from palomino.data.dataset import Dataset
 from palomino.grid import Coord, Topology
@@ -37,6 +38,42 @@ def snapshot_of(network: str):
     data = Dataset("bench", torch.rand(256, 1, 28, 28) * 2 - 1, None, "image")
     cell = Cell(Coord(0, 0), Topology(1, 2), config, data, experiment="bench")
     return cell.snapshot()
+
+
+def published_bytes(network: str, migration: float) -> dict:
+    """What one cell publishes an iteration after training (Adam state present), and what it
+    published before issue 35 (weights and both moments, whatever the migration)."""
+    config = ExperimentConfig.model_validate(
+        {
+            "network": {"name": network, "latent_dim": 64, **({"hidden": 256} if network == "mlp" else {})},
+            "grid": {"rows": 1, "cols": 2},
+            "training": {"batch_size": 16, "batches_per_iteration": 1, "selection": {"migration": migration}},
+        }
+    )
+    # Bytes depend on the shapes only: random images of MNIST's shape will do.
+    data = Dataset("bench", torch.rand(256, 1, 28, 28) * 2 - 1, None, "image")
+    cell = Cell(Coord(0, 0), Topology(1, 2), config, data, experiment="bench")
+    cell.iterate({})
+    now, full = encode_snapshot(cell.snapshot()), encode_snapshot(cell_state.snapshot(cell, moments=True))
+    parameters = sum(p.numel() for p in cell.generators.best.network.parameters())
+    parameters += sum(p.numel() for p in cell.discriminators.best.network.parameters())
+    return {"network": network, "migration": migration, "parameters": parameters, "now": len(now), "before": len(full)}
+
+
+def print_bytes() -> None:
+    # Each published snapshot is stored once by the broker and delivered to every neighbour's
+    # queue and the coordinate's last-value queue: von Neumann 4 + 1 copies, Moore 8 + 1.
+    print(f"{'network':<8} {'migration':>9} {'parameters':>10} {'before B':>11} {'now B':>11} {'now/before':>10} "
+          f"{'32×32 vN GB':>12} {'32×32 Moore GB':>15}")  # fmt: skip
+    for network in ("mlp", "dcgan"):
+        for migration in (0.0, 0.5):
+            row = published_bytes(network, migration)
+            grid = [1024 * copies * row["now"] / 1e9 for copies in (5, 9)]
+            print(
+                f"{network:<8} {migration:>9} {row['parameters']:>10,} {row['before']:>11,} {row['now']:>11,} "
+                f"{row['now'] / row['before']:>10.3f} {grid[0]:>12.2f} {grid[1]:>15.2f}"
+            )
+    print("target (issue 35): MNIST perceptron (mlp) ≤ 2.3 MB a cell-iteration without migration")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -91,7 +128,11 @@ def main() -> None:
     parser.add_argument(
         "--runs", nargs="*", type=Path, default=[], help="finished run directories to read time shares from"
     )
+    parser.add_argument("--bytes", action="store_true", help="only the bytes a cell publishes an iteration")
     args = parser.parse_args()
+    if args.bytes:
+        print_bytes()
+        return
     print(f"{'network':<8} {'bytes':>10} {'p50 ms':>8} {'p99 ms':>8} {'codec ms':>9} {'broker/codec':>13}")
     for network in args.network:
         row = asyncio.run(latency(network, args.count))

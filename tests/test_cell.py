@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import tiny
 
-from palomino.coevolution import Cell, IterationReport
+from palomino.coevolution import Cell, IterationReport, cell_state
 from palomino.coevolution.fitness import fitness_tables, generate
 from palomino.coevolution.individual import Individual, make_adam
 from palomino.config import ExperimentConfig, parse_config
@@ -379,6 +379,42 @@ def test_without_migration_a_cell_evaluates_only_its_own_and_selects_as_with_the
     assert cell.generators.best.fitness == pytest.approx(float(g_table[0].mean()), rel=1e-5)
     assert cell.discriminators.best.fitness == pytest.approx(float(d_table[:, 0].mean()), rel=1e-5)
     assert [ind.origin for ind in chosen.generators] == [cell.generators.best.origin]  # its own, cloned
+
+
+def test_without_migration_neighbours_get_weights_only_and_train_as_with_the_moments(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 2}, training={"selection": {"migration": 0.0}})
+    other = make_cell(cfg, ring, (0, 1))
+    other.iterate({})
+    weights_only = other.snapshot()
+    assert weights_only.tensors and not any(".opt." in k for k in weights_only.tensors)
+    full = cell_state.snapshot(other, moments=True)
+    assert any(k.startswith("generator.opt.") for k in full.tensors)
+    assert len(encode_snapshot(weights_only)) < len(encode_snapshot(full)) / 2  # Adam: two moments a weight
+    # A cell without migration never uses a neighbour's moments: the same iterations either way.
+    cell, twin = make_cell(cfg, ring), make_cell(cfg, ring)
+    for _ in range(2):
+        a = cell.iterate({Coord(0, 1): copy_of(weights_only)})
+        b = twin.iterate({Coord(0, 1): copy_of(full)})
+        assert same_report(a, b)
+    for role in ("generator", "discriminator"):
+        mine, its = getattr(cell, role + "s").best, getattr(twin, role + "s").best
+        for name, value in mine.network.state_dict().items():
+            assert torch.equal(value, its.network.state_dict()[name]), name
+
+
+def test_adopting_a_snapshot_of_weights_only_takes_them_and_restarts_adam(ring: Dataset) -> None:
+    cfg = config(grid={"rows": 1, "cols": 1}, training={"selection": {"migration": 0.0}})
+    original = make_cell(cfg, ring)
+    original.iterate({})
+    newcomer = make_cell(cfg, ring)
+    newcomer.adopt(copy_of(original.snapshot()))
+    assert newcomer.iteration == 1
+    best = original.generators.best
+    for ind in newcomer.generators:
+        assert not ind.optimizer.state  # no moments were published: Adam starts again
+        for name, value in best.network.state_dict().items():
+            assert torch.equal(ind.network.state_dict()[name], value), name
+    assert newcomer.iterate({}).iteration == 1
 
 
 def test_snapshot_fitness_is_finite_before_any_iteration(ring: Dataset) -> None:

@@ -403,7 +403,9 @@ class Cell:
     # ---- snapshots and checkpoints ---------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        return cell_state.snapshot(self)
+        """What neighbours get: Adam's moments only where one may take an individual into its
+        population (migration > 0); a cell without migration only evaluates and trains against them."""
+        return cell_state.snapshot(self, moments=self.config.training.selection.migration > 0)
 
     def neighbourhood_mixture(self, neighbours: Mapping[Coord, Snapshot]) -> list[tuple[str, float, Individual]]:
         """The cell's mixture components as it sees them now: (coord, weight, generator)."""

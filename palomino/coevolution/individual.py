@@ -70,9 +70,12 @@ class Individual:
         tensors += [v for state in self.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
         return self.clone() if any(_shared(t) for t in tensors) else self
 
-    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Weights and Adam moments as a flat, safetensors-ready dict (copies, not views)."""
+    def tensors(self, prefix: str, moments: bool = True) -> dict[str, torch.Tensor]:
+        """Weights (and buffers) and, with `moments`, Adam's state, as a flat, safetensors-ready
+        dict (copies, not views)."""
         out = {f"{prefix}.net.{k}": v.detach().clone() for k, v in self.network.state_dict().items()}
+        if not moments:
+            return out
         for index, state in self.optimizer.state_dict()["state"].items():
             for name, value in state.items():
                 out[f"{prefix}.opt.{index}.{name}"] = torch.as_tensor(value).detach().clone()
