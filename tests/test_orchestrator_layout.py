@@ -75,6 +75,33 @@ def test_a_done_from_a_replaced_worker_is_still_dropped(tmp_path: Path) -> None:
     assert experiment.done == {}
 
 
+def test_every_done_is_acknowledged_and_taken_once(tmp_path: Path, monkeypatch) -> None:
+    from palomino.services.orchestrator import results
+    from palomino.wire.control_messages import DoneAck
+
+    orchestrator, experiment = running_2x2(tmp_path)
+    written: list[str] = []
+    real_write = results.write_collected
+    monkeypatch.setattr(results, "write_collected", lambda path, result: written.append(result.cell) or real_write(path, result))  # fmt: skip
+
+    async def go() -> None:
+        await orchestrator.on_control(done("w1", (0, 1)), b"")
+        await orchestrator.on_control(done("w1", (0, 1)), b"")  # re-sent before the ack arrived
+        await orchestrator.on_control(done("intruder", (1, 1)), b"")  # holds nothing: dropped, acked
+        late = Done(experiment="gone-1", worker="w9", coord=(0, 0), iteration=9, score=0, components=[], weights=[], mixture={})  # fmt: skip
+        await orchestrator.on_control(late, b"")  # an experiment this orchestrator does not know
+
+    asyncio.run(go())
+    assert written == ["0-1"] and set(experiment.done) == {Coord(0, 1)}
+    acks = [(address, m.experiment, m.coord, m.iteration) for address, m in orchestrator.control.sent if isinstance(m, DoneAck)]  # fmt: skip
+    assert acks == [
+        ("cell.w1", "race-1", (0, 1), 9),
+        ("cell.w1", "race-1", (0, 1), 9),
+        ("cell.intruder", "race-1", (1, 1), 9),
+        ("cell.w9", "gone-1", (0, 0), 9),
+    ]
+
+
 def test_supervision_backs_off_while_redis_refuses(tmp_path: Path) -> None:
     # The `continue` used to skip the sleep: 340,000 liveness queries a second against a dead Redis.
     from palomino.transport.redis_liveness import RedisLiveness

@@ -109,6 +109,16 @@ class Done(_Message):
     samples_png: str = Field("", description="base64 PNG of the mixture's samples")
 
 
+class DoneAck(_Message):
+    """The orchestrator has this Done, or will never take it (stale, late): the cell stops re-sending it."""
+
+    kind: Literal["done-ack"] = "done-ack"
+    experiment: str
+    worker: str
+    coord: tuple[int, int]
+    iteration: int
+
+
 class Failed(_Message):
     """A cell cannot go on (e.g. its data is missing); the orchestrator records why."""
 
@@ -120,7 +130,8 @@ class Failed(_Message):
 
 
 ControlMessage = Annotated[
-    Register | Assign | Resize | Stop | Metrics | Samples | Checkpoint | Done | Failed, Field(discriminator="kind")
+    Register | Assign | Resize | Stop | Metrics | Samples | Checkpoint | Done | DoneAck | Failed,
+    Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +72,7 @@ class Links:
     liveness: Any
     take_resize: Callable[[str], Resize | None]  # a slot's newest Resize not yet applied, if any
     set_ttl: Callable[[str, float], None]  # a slot's heartbeat time-to-live
+    report_done: Callable[[Done, bytes], Awaitable[None]]  # sent, and re-sent until acknowledged
 
 
 class SlotsLiveness:
@@ -291,7 +292,7 @@ class Block:
             score=result.score, components=result.components, weights=result.weights, mixture=result.description,
             samples_png=base64.b64encode(result.samples_png).decode(),
         )  # fmt: skip
-        await self.links.control.send(self.links.orchestrator, done, result.payload)
+        await self.links.report_done(done, result.payload)
         log.info("cell %s of %s done (score %.4g)", cell.coord, self.experiment, result.score)
 
     async def report_failure(self, slot: str, reason: str, restore_failed: bool = False) -> None:

@@ -22,10 +22,11 @@ from typing import Any
 from palomino.errors import PalominoError
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.cell.block import Block, Links
+from palomino.services.cell.done_delivery import DoneDelivery
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
-from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, Register, Resize, Stop
+from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, Done, DoneAck, Register, Resize, Stop
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ HEARTBEAT_PERIOD = 1.0
 REGISTER_PERIOD = 2.0
 SETTLE = 0.3  # seconds without a new Assign before the ones that came start as one block
 SETTLE_MAX = 3.0
+DONE_SETTLE = 10.0  # seconds a leaving worker waits for its Dones' acknowledgements
 
 
 def slot_names(worker: str, cells: int) -> list[str]:
@@ -61,6 +63,7 @@ class CellWorker:
         self._wake = asyncio.Event()
         self.control: ControlChannel | None = None  # connected by run()
         self.liveness: RedisLiveness | None = None
+        self.dones = DoneDelivery(self._send_done)
 
     def request_shutdown(self) -> None:
         """SIGTERM / Ctrl-C: finish the iteration, checkpoint, leave."""
@@ -81,7 +84,7 @@ class CellWorker:
             self.liveness = RedisLiveness(settings.redis_url, liveness_prefix(settings.namespace))
             stack.push_async_callback(self.liveness.close)
             await self.control.listen(self._on_control)
-            for loop in (self._heartbeats(), self._registrations()):
+            for loop in (self._heartbeats(), self._registrations(), self.dones.run()):
                 stack.callback(asyncio.create_task(loop).cancel)
             self.ready = True
             log.info("cell worker %s ready, %d cell(s) (broker %s)", self.worker, len(self.slots), settings.broker_url.split("@")[-1])  # fmt: skip
@@ -94,6 +97,9 @@ class CellWorker:
                 await unless_set(self._wake.wait(), self.shutdown)
             if self._blocks:  # each finishes its iteration and checkpoints
                 await asyncio.gather(*self._blocks, return_exceptions=True)
+            if not await self.dones.settle(DONE_SETTLE):
+                log.warning("leaving with %d done(s) not acknowledged: the orchestrator replaces those cells",
+                            len(self.dones.pending))  # fmt: skip
 
     async def _settle(self) -> None:
         """Let the rest of a layout's Assigns arrive, so that they train as one block."""
@@ -133,7 +139,14 @@ class CellWorker:
         def set_ttl(slot: str, ttl: float) -> None:
             self._ttl[slot] = ttl
 
-        return Links(self.settings, self.device, self.control, self.orchestrator, self.liveness, take_resize, set_ttl)
+        return Links(
+            self.settings, self.device, self.control, self.orchestrator, self.liveness, take_resize, set_ttl,
+            self.dones.send,
+        )  # fmt: skip
+
+    async def _send_done(self, done: Done, payload: bytes) -> None:
+        assert self.control is not None
+        await self.control.send(self.orchestrator, done, payload)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -171,6 +184,8 @@ class CellWorker:
             block = self.busy(message.worker)
             if block is not None and block.experiment == message.experiment:
                 self._resizes[message.worker] = message
+        elif isinstance(message, DoneAck):
+            self.dones.acknowledged(message)
         elif isinstance(message, Stop):
             for block in self._blocks.values():
                 if block.experiment == message.experiment:

@@ -29,10 +29,10 @@ from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
 from palomino.services.orchestrator.supervision import Supervisor
 from palomino.services.orchestrator.trust import untrusted
-from palomino.transport.control_channel import ControlChannel, orchestrator_address
+from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
 from palomino.transport.score_queue import RESULTS_QUEUE, ScoreQueue, score_queue_name
-from palomino.wire.control_messages import Checkpoint, Done, Failed, Metrics, Register, Samples
+from palomino.wire.control_messages import Checkpoint, Done, DoneAck, Failed, Metrics, Register, Samples
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,9 @@ class Orchestrator:
             ):
                 worker.free()  # it was replaced while away
             return
+        if isinstance(message, Done):
+            await self._on_done(message, payload)
+            return
         experiment = self.shared.experiments.get(getattr(message, "experiment", ""))
         if experiment is None:
             return
@@ -233,9 +236,6 @@ class Orchestrator:
                 experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
                 cell = cell_name(message.coord)
                 await asyncio.to_thread(self.shared.boards.samples, experiment, cell, message.iteration, payload)
-        elif isinstance(message, Done):
-            async with self.shared.lock:
-                await self.results.on_done(experiment, message, payload)
         elif isinstance(message, Failed) and message.worker in experiment.cells.values():
             async with self.shared.lock:
                 if experiment.finished:
@@ -248,3 +248,17 @@ class Orchestrator:
                     await self.placement.assign(experiment, coord, message.worker, restore=True)
                     return
                 await self.placement.end(experiment, "failed", message.reason)
+
+    async def _on_done(self, message: Done, payload: bytes) -> None:
+        """Take a cell's result, then acknowledge it, taken or not: the cell re-sends it until then
+        (a Done of an ended or unknown experiment, or of a replaced worker, never will be taken)."""
+        experiment = self.shared.experiments.get(message.experiment)
+        if experiment is not None and not experiment.finished:
+            async with self.shared.lock:
+                if not experiment.finished:
+                    await self.results.on_done(experiment, message, payload)
+        ack = DoneAck(experiment=message.experiment, worker=message.worker, coord=message.coord, iteration=message.iteration)  # fmt: skip
+        try:
+            await self.shared.control.send(cell_address(message.worker), ack)
+        except PalominoError as error:  # the cell sends it again; taking it again changes nothing
+            log.warning("done of %s not acknowledged: %s", message.worker, error)

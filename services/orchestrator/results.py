@@ -79,6 +79,8 @@ class Results:
 
     async def on_done(self, experiment: Experiment, message: Done, payload: bytes) -> None:
         coord = Coord(*message.coord)
+        if coord in experiment.done and experiment.cells.get(coord) == message.worker:
+            return  # sent again before our acknowledgement reached it: taken once
         if experiment.cells.get(coord) != message.worker:
             if experiment.moved_from.get(message.worker) != coord:
                 return  # a cell that has since been replaced
