@@ -211,6 +211,31 @@ def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_then_to_scra
     assert experiment.state == "failed"  # … and only when nothing loads does the experiment fail
 
 
+def test_a_snapshot_ahead_of_the_cells_records_is_not_restored_from(tmp_path: Path) -> None:
+    # Found by benchmarks/control_plane.py: a cell killed between publishing iteration 16's snapshot
+    # and sending its record was resumed at 17, and iteration 16 was never recorded.
+    from palomino.runs.checkpoints import write_checkpoint_bytes
+    from palomino.wire.control_messages import Assign
+
+    orchestrator, experiment = running_2x2(tmp_path)
+
+    async def published(experiment: Experiment, coord: Coord) -> tuple[bytes, int]:
+        return b"snapshot", 17  # iteration 16 done: it resumes at 17
+
+    orchestrator.placement.newest_published = published
+    write_checkpoint_bytes(experiment.run.checkpoint_dir(Coord(0, 1)), 10, b"state", {"iteration": 10, "epoch": 0}, 3)
+    experiment.recorded = {("0-1", i) for i in range(16)}  # 0 … 15: 16's record was lost with the cell
+
+    async def restored() -> dict:
+        await orchestrator.placement.assign(experiment, Coord(0, 1), "w1", restore=True)
+        return [m for _, m in orchestrator.control.sent if isinstance(m, Assign)][-1].restore_meta
+
+    assert asyncio.run(restored())["iteration"] == 10  # the checkpoint: 10 … 16 trained and recorded again
+    assert experiment.recorded == {("0-1", i) for i in range(10)}
+    experiment.recorded = {("0-1", i) for i in range(17)}  # with 16 recorded the snapshot is used
+    assert asyncio.run(restored()) == {"from": "snapshot", "iteration": 17}
+
+
 def test_messages_that_do_not_fit_the_layout_are_dropped_and_counted(tmp_path: Path) -> None:
     from palomino.wire.control_messages import Checkpoint, Metrics, Samples
 

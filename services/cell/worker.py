@@ -120,10 +120,14 @@ class CellWorker:
         for experiment, assigns in by_experiment.items():
             for slot in assigns:
                 self._resizes.pop(slot, None)  # meant for what the slot trained before
-            block = Block(self._links(), experiment, assigns)
+            block = self.make_block(self._links(), experiment, assigns)
             task = asyncio.create_task(self._train(block))
             self._blocks[task] = block
             task.add_done_callback(self._finished)
+
+    def make_block(self, links: Links, experiment: str, assigns: dict[str, tuple[Assign, bytes]]) -> Block:
+        """What trains these Assigns (benchmarks/control_plane.py's simulated workers train nothing)."""
+        return Block(links, experiment, assigns)
 
     def _finished(self, task: asyncio.Task) -> None:
         block = self._blocks.pop(task)

@@ -126,6 +126,12 @@ class Placement:
                     ("checkpoint", checkpoint.iteration),
                 )
             snapshot = await self.newest_published(experiment, coord)
+            if snapshot is not None and snapshot[1] > resumed and not self._recorded(experiment, coord, snapshot[1]):
+                # A cell publishes an iteration's snapshot, then sends its record: killed between the
+                # two, resuming after that iteration would leave it unrecorded for good.
+                log.info("cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
+                         coord, experiment.id, snapshot[1] - 1)  # fmt: skip
+                snapshot = None
             if (
                 snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable
             ):  # newer than the checkpoint
@@ -159,6 +165,12 @@ class Placement:
             restore_meta=meta,
         )
         await self.shared.control.send(cell_address(worker), message, payload)
+
+    @staticmethod
+    def _recorded(experiment: Experiment, coord: Coord, resumes_at: int) -> bool:
+        """Whether the iteration before `resumes_at` is recorded for `coord` (each iteration once: a
+        later record of the dead cell is dropped, as it no longer holds the coordinate)."""
+        return resumes_at == 0 or (str(coord), resumes_at - 1) in experiment.recorded
 
     async def newest_published(self, experiment: Experiment, coord: Coord) -> tuple[bytes, int] | None:
         """(body, the iteration it resumes at) of the newest snapshot `coord` published, if any."""
