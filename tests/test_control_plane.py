@@ -21,7 +21,7 @@ def test_64_simulated_workers_lose_ten_percent_and_nothing_is_lost(tmp_path: Pat
     out = tmp_path / "report.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "control_plane.py"), "--workers", "64", "--iterations", "40",
                "--period", "0.5", "--window", "3", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["state"] == "finished", report
