@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class Experiment:
     collecting: bool = False  # every cell is done and result/ is being written
     client: str = ""  # who submitted it (the API's peer address): submissions are capped per client
     ended_at: float | None = None  # wall time it ended: listed until the retention has passed
+    # metrics.jsonl is appended to record by record and rewritten (off the event loop) where a
+    # replacement redoes iterations: one at a time.
+    metrics_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @cached_property
     def files(self) -> RunFiles:

@@ -221,10 +221,11 @@ class Orchestrator:
             return  # late messages of an ended experiment
         if isinstance(message, Metrics):
             key = (cell_name(message.record.get("cell", [])), int(message.record.get("iteration", -1)))
-            if key in experiment.recorded:
-                return  # redelivered after a broker reconnect
-            experiment.recorded.add(key)
-            experiment.run.append_metrics(message.record)
+            async with experiment.metrics_lock:  # not while a replacement rewrites the file
+                if key in experiment.recorded:
+                    return  # redelivered after a broker reconnect
+                experiment.recorded.add(key)
+                experiment.run.append_metrics(message.record)
             self.shared.boards.metrics(experiment, message.record)
             self.shared.counters["metrics_records"] += 1
             await self.shared.event(experiment, "metrics", {"record": message.record})

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
 
 from aiormq.exceptions import AMQPError
 
@@ -23,7 +25,20 @@ from palomino.wire.control_messages import Assign, Stop
 from palomino.wire.snapshot import SnapshotHeader
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 BROKER_CALL_TIMEOUT = 10.0  # seconds for a broker call made under the lock
+CONCURRENT = 64  # broker calls and state lookups in flight at once (a layout of thousands of cells)
+
+
+async def bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENT) -> list[T]:
+    """Await `calls` concurrently, at most `limit` at a time; their results in order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    return await asyncio.gather(*(one(call) for call in calls))
 
 
 def in_blocks(topology: Topology, blocks: list[list[str]]) -> dict[Coord, str]:
@@ -46,9 +61,11 @@ class Placement:
         experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
         await asyncio.to_thread(experiment.persist)
         self.shared.boards.end(experiment)
-        for worker in self.shared.working_on(experiment):
-            await self.shared.control.send(cell_address(worker), Stop(experiment=experiment.id, reason=reason or state))
+        stop = Stop(experiment=experiment.id, reason=reason or state)
+        working = self.shared.working_on(experiment)
+        for worker in working:
             self.shared.workers[worker].free()
+        await bounded(self.shared.control.send(cell_address(worker), stop) for worker in working)
         log.info("experiment %s %s%s", experiment.id, state, f": {reason}" if reason else "")
         await self.shared.event(experiment, "state", {"state": state, "reason": reason})
         await self.forget_all_published(experiment)
@@ -102,69 +119,78 @@ class Placement:
             cols,
             {str(c): w for c, w in experiment.cells.items()},
         )
-        for coord, worker in experiment.cells.items():
-            await self.assign(experiment, coord, worker)
+        await self.assign_all(experiment, experiment.cells)
         await self.shared.event(experiment, "topology", experiment.summary(self.shared.alive))
 
     async def assign(self, experiment: Experiment, coord: Coord, worker: str, restore: bool = False) -> None:
+        await self.assign_all(experiment, {coord: worker}, restore)
+
+    async def assign_all(self, experiment: Experiment, targets: dict[Coord, str], restore: bool = False) -> None:
+        """Assign each coordinate to its worker, restored (`restore`) from its newest usable state:
+        the states looked up and the Assigns published concurrently, the records of iterations
+        the newcomers redo dropped in one rewrite of metrics.jsonl."""
         topology = experiment.topology
         assert topology is not None
-        self.shared.workers[worker].experiment, self.shared.workers[worker].coord = experiment.id, coord
-        self.shared.workers[worker].idle = False
-        payload, meta = b"", None
+        for coord, worker in targets.items():
+            self.shared.workers[worker].experiment, self.shared.workers[worker].coord = experiment.id, coord
+            self.shared.workers[worker].idle = False
+        states: dict[Coord, tuple[bytes, dict | None]] = {}
         if restore:
-            unusable = experiment.unusable.get(coord, set())
-            below = min((i for kind, i in unusable if kind == "checkpoint"), default=None)  # older than what failed
-            folder = experiment.run.checkpoint_dir(coord)
-            checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
-            resumed, chosen = 0, None
-            if checkpoint is not None:
-                payload, meta, resumed, chosen = (
-                    checkpoint.payload,
-                    checkpoint.meta,
-                    checkpoint.iteration,
-                    ("checkpoint", checkpoint.iteration),
-                )
-            snapshot = await self.newest_published(experiment, coord)
-            if snapshot is not None and snapshot[1] > resumed and not self._recorded(experiment, coord, snapshot[1]):
-                # A cell publishes an iteration's snapshot, then sends its record: killed between the
-                # two, resuming after that iteration would leave it unrecorded for good.
-                log.info("cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
-                         coord, experiment.id, snapshot[1] - 1)  # fmt: skip
-                snapshot = None
-            if (
-                snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable
-            ):  # newer than the checkpoint
-                payload, meta, resumed, chosen = (
-                    snapshot[0],
-                    {"from": "snapshot", "iteration": snapshot[1]},
-                    snapshot[1],
-                    ("snapshot", snapshot[1]),
-                )
-            if chosen is not None:
-                experiment.restoring[coord] = chosen
-            log.info(
-                "cell %s of %s restarts at iteration %d from %s",
-                coord,
-                experiment.id,
-                resumed,
-                (meta or {}).get("from", "a checkpoint" if payload else "scratch"),
-            )
-            # The iterations it will redo are recorded again by the newcomer.
-            experiment.run.keep_metrics(lambda r: cell_name(r["cell"]) != str(coord) or r["iteration"] < resumed)
-            experiment.recorded = {k for k in experiment.recorded if k[0] != str(coord) or k[1] < resumed}
-        rows, cols = experiment.shape_of(coord)
-        message = Assign(
-            experiment=experiment.id,
-            worker=worker,
-            config=experiment.config.model_dump(mode="json"),
-            coord=tuple(coord),
-            rows=rows,
-            cols=cols,
-            epoch=topology.epoch,
-            restore_meta=meta,
-        )
-        await self.shared.control.send(cell_address(worker), message, payload)
+            found = await bounded(self._restore_state(experiment, coord) for coord in targets)
+            states = {coord: (payload, meta) for coord, (payload, meta, _) in zip(targets, found)}
+            await self._forget_records(experiment, {str(c): resumed for c, (_, _, resumed) in zip(targets, found)})
+        config = experiment.config.model_dump(mode="json")
+
+        async def send(coord: Coord, worker: str) -> None:
+            payload, meta = states.get(coord, (b"", None))
+            rows, cols = experiment.shape_of(coord)
+            message = Assign(
+                experiment=experiment.id, worker=worker, config=config, coord=tuple(coord), rows=rows, cols=cols,
+                epoch=topology.epoch, restore_meta=meta,
+            )  # fmt: skip
+            await self.shared.control.send(cell_address(worker), message, payload)
+
+        await bounded(send(coord, worker) for coord, worker in targets.items())
+
+    async def _restore_state(self, experiment: Experiment, coord: Coord) -> tuple[bytes, dict | None, int]:
+        """(payload, restore_meta, the iteration it resumes at) of `coord`'s newest usable state."""
+        payload, meta = b"", None
+        unusable = experiment.unusable.get(coord, set())
+        below = min((i for kind, i in unusable if kind == "checkpoint"), default=None)  # older than what failed
+        folder = experiment.run.checkpoint_dir(coord)
+        checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
+        resumed, chosen = 0, None
+        if checkpoint is not None:
+            payload, meta = checkpoint.payload, checkpoint.meta
+            resumed, chosen = checkpoint.iteration, ("checkpoint", checkpoint.iteration)
+        snapshot = await self.newest_published(experiment, coord)
+        if snapshot is not None and snapshot[1] > resumed and not self._recorded(experiment, coord, snapshot[1]):
+            # A cell publishes an iteration's snapshot, then sends its record: killed between the
+            # two, resuming after that iteration would leave it unrecorded for good.
+            log.info("cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
+                     coord, experiment.id, snapshot[1] - 1)  # fmt: skip
+            snapshot = None
+        if snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable:
+            payload, meta = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}  # newer than the checkpoint
+            resumed, chosen = snapshot[1], ("snapshot", snapshot[1])
+        if chosen is not None:
+            experiment.restoring[coord] = chosen
+        source = (meta or {}).get("from", "a checkpoint" if payload else "scratch")
+        log.info("cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, source)
+        return payload, meta, resumed
+
+    @staticmethod
+    async def _forget_records(experiment: Experiment, resumed: dict[str, int]) -> None:
+        """The iterations newcomers redo are recorded again by them: their records go, in one rewrite
+        (off the event loop; records arriving meanwhile wait for it)."""
+
+        def keep(record: dict) -> bool:
+            cell = cell_name(record["cell"])
+            return cell not in resumed or record["iteration"] < resumed[cell]
+
+        async with experiment.metrics_lock:
+            await asyncio.to_thread(experiment.run.keep_metrics, keep)
+            experiment.recorded = {k for k in experiment.recorded if k[0] not in resumed or k[1] < resumed[k[0]]}
 
     @staticmethod
     def _recorded(experiment: Experiment, coord: Coord, resumes_at: int) -> bool:
@@ -204,8 +230,7 @@ class Placement:
 
     async def forget_all_published(self, experiment: Experiment) -> None:
         """The experiment is over: nothing will be restored from its snapshots any more."""
-        for coord in sorted(experiment.laid_out):
-            await self.forget_published(experiment, coord)
+        await bounded(self.forget_published(experiment, coord) for coord in sorted(experiment.laid_out))
 
     async def new_epoch(self, experiment: Experiment, rows: int, cols: int) -> Topology:
         old = experiment.topology

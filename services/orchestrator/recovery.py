@@ -11,7 +11,7 @@ from palomino.grid import Coord, Topology, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
-from palomino.services.orchestrator.placement import Placement
+from palomino.services.orchestrator.placement import Placement, bounded
 from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
 from palomino.transport.control_channel import cell_address
@@ -26,13 +26,14 @@ class Recovery:
 
     async def check_cells(self, experiment: Experiment) -> None:
         ttl = experiment.config.distributed.heartbeat_ttl
-        dead = {
+        missing = {
             coord: w
             for coord, w in experiment.cells.items()
-            if coord not in experiment.done and self.shared.is_dead(w, ttl)
+            if coord not in experiment.done and self.shared.is_missing(w, ttl)
         }
-        if not dead:
+        if not any(self.shared.is_dead(w, ttl) for w in missing.values()):
             return
+        dead = missing  # with those that died with it (shared.GATHER): one epoch for them all
         self.shared.counters["failures_handled"] += len(dead)
         for coord, worker in dead.items():
             log.warning("worker %s (cell %s of %s) is dead: no heartbeat for %.0f s", worker, coord, experiment.id, ttl)
@@ -54,8 +55,7 @@ class Recovery:
             )
             log.info("cell %s of %s: %s replaces %s from its newest checkpoint", coord, experiment.id, spare, worker)
         await self.placement.new_epoch(experiment, experiment.topology.rows, experiment.topology.cols)
-        for coord in dead:
-            await self.placement.assign(experiment, coord, experiment.cells[coord], restore=True)
+        await self.placement.assign_all(experiment, {coord: experiment.cells[coord] for coord in dead}, restore=True)
 
     def plan_shrink(
         self, experiment: Experiment, dead: dict[Coord, str]
@@ -150,18 +150,14 @@ class Recovery:
     async def _send_resizes(
         self, experiment: Experiment, placed: dict[Coord, str], released: list[str], working: set[str], grid: Topology
     ) -> None:
-        """Each working cell's new coordinate and grid; released workers go free."""
+        """Each working cell's new coordinate and grid; released workers go free. Published concurrently."""
+        messages = []
         for coord, worker in placed.items():
             if worker in working:  # finished cells and workers on other experiments are left alone
                 self.shared.workers[worker].coord = coord
                 rows, cols = experiment.shape_of(coord)
-                resize = Resize(
-                    experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=grid.epoch
-                )
-                await self.shared.control.send(cell_address(worker), resize)
+                messages.append(Resize(experiment=experiment.id, worker=worker, coord=tuple(coord), rows=rows, cols=cols, epoch=grid.epoch))  # fmt: skip
         for worker in released:
             self.shared.workers[worker].free()
-            resize = Resize(
-                experiment=experiment.id, worker=worker, coord=None, rows=grid.rows, cols=grid.cols, epoch=grid.epoch
-            )
-            await self.shared.control.send(cell_address(worker), resize)
+            messages.append(Resize(experiment=experiment.id, worker=worker, coord=None, rows=grid.rows, cols=grid.cols, epoch=grid.epoch))  # fmt: skip
+        await bounded(self.shared.control.send(cell_address(m.worker), m) for m in messages)

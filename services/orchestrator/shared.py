@@ -17,6 +17,10 @@ from palomino.services.orchestrator.tracking import Boards
 from palomino.wire.control_messages import MAX_CELLS_PER_WORKER
 
 log = logging.getLogger(__name__)
+# A worker's key expires a TTL after its last heartbeat: that is its death. Declared once the key
+# has been gone this long: a process's slots (or the workers of one node) killed at once lose their
+# keys within one heartbeat period (1 s) of each other, and are then replaced as one.
+GATHER = 1.0
 
 
 def new_counters() -> dict[str, int]:
@@ -32,6 +36,9 @@ class Shared:
     alive: set[str] = field(default_factory=set)  # workers whose heartbeat Redis holds
     counters: dict[str, int] = field(default_factory=new_counters)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # decisions about layouts, one at a time
+    # Since when Redis has answered: until a TTL later a missing key may only mean that a
+    # heartbeat could not land yet (the orchestrator's start, Redis back from an outage).
+    liveness_since: float = field(default_factory=time.monotonic)
     # The connections: a ControlChannel, a ScoreQueue, a RedisLiveness (or what a test gives).
     control: Any = None
     scoring: Any = None
@@ -55,9 +62,20 @@ class Shared:
             if c not in experiment.done and w in self.workers and self.workers[w].experiment == experiment.id
         ]
 
-    def is_dead(self, worker_id: str, ttl: float) -> bool:
+    def is_missing(self, worker_id: str, ttl: float) -> bool:
+        """No heartbeat for a TTL: its key has expired (or the orchestrator does not know it)."""
         worker = self.workers.get(worker_id)
-        return worker is None or time.monotonic() - worker.last_seen > ttl
+        if worker is None:
+            return True
+        # Redis answering for less than a TTL: the heartbeat may not have landed yet.
+        return worker_id not in self.alive and time.monotonic() - self.liveness_since >= ttl
+
+    def is_dead(self, worker_id: str, ttl: float) -> bool:
+        """Missing for GATHER seconds: dead (its key expired a TTL after its last heartbeat)."""
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            return True
+        return self.is_missing(worker_id, ttl) and time.monotonic() - worker.last_seen >= GATHER
 
     def spares(self, ttl: float) -> list[str]:
         """Idle, live workers, in a stable order: a multi-cell worker's slots one after another."""

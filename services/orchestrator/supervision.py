@@ -65,6 +65,7 @@ class Supervisor:
             # Back from an outage: heartbeats could not land meanwhile, so restart every clock.
             for worker in self.shared.workers.values():
                 worker.last_seen = now
+            self.shared.liveness_since = now
             self._redis_ok = True
         for worker_id in alive:
             if worker_id in self.shared.workers:
