@@ -262,3 +262,21 @@ def test_the_dashboard_takes_a_namespaced_score_event_and_no_other_key() -> None
     for key in ("exp.x.1.score.other", "exp.x.1.score.ns-a.b", "exp.y.score.ns-a"):
         with pytest.raises(MalformedEvent, match="routing key"):
             parse_event(body, key)
+
+
+@pytest.mark.integration
+async def test_side_channels_asked_for_many_at_once_are_a_few_open_ones(broker_url: str) -> None:
+    # A recovery asks for one per lost cell at once; the list was rebuilt under a caller's feet.
+    import asyncio
+
+    from palomino.transport.control_channel import SIDE_CHANNELS, ControlChannel, cell_address
+
+    channel = await ControlChannel(broker_url, cell_address(f"test-{secrets.token_hex(4)}")).connect()
+    try:
+        got = await asyncio.gather(*(channel.side_channel() for _ in range(5 * SIDE_CHANNELS)))
+        assert len({id(c) for c in got}) == SIDE_CHANNELS and not any(c.is_closed for c in got)
+        await got[0].close()  # closed (as an error would): replaced when its turn comes
+        again = await asyncio.gather(*(channel.side_channel() for _ in range(SIDE_CHANNELS)))
+        assert not any(c.is_closed for c in again)
+    finally:
+        await channel.close()

@@ -7,6 +7,7 @@ Malformed bodies are dead-lettered and logged; the listener keeps going.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,7 @@ ORCHESTRATOR = "orchestrator"
 NAMESPACED_EXPIRY_MS = 24 * 3600 * 1000  # a namespace's durable queues go a day after their last user
 # What may wait for a stopped orchestrator: past it the oldest messages are dead-lettered.
 ORCHESTRATOR_QUEUE_CAP = (100_000, 2 * 1024**3)
+SIDE_CHANNELS = 8  # a channel answers one call at a time: a recovery's lookups share these
 
 
 def orchestrator_address(namespace: str = "") -> str:
@@ -76,6 +78,21 @@ class ControlChannel:
         self._exchange: AbstractExchange
         self._events: AbstractExchange
         self._queue: AbstractQueue
+        self._side: list[AbstractChannel] = []
+        self._turn = 0
+        self._opening = asyncio.Lock()
+
+    async def side_channel(self) -> AbstractChannel:
+        """One of a few more channels on this connection, in turn, for broker calls made many at a
+        time (last-value lookups and deletes of a recovery or an experiment's end)."""
+        assert self._connection is not None
+        turn = self._turn = (self._turn + 1) % SIDE_CHANNELS
+        async with self._opening:  # callers come many at once: each slot opened once
+            while len(self._side) <= turn:
+                self._side.append(await self._connection.channel())
+            if self._side[turn].is_closed:  # an error closed it: a new one in its place
+                self._side[turn] = await self._connection.channel()
+            return self._side[turn]
 
     @property
     def rejected(self) -> int:

@@ -72,9 +72,16 @@ async def newest_published(
     channel: AbstractChannel, experiment: str, coord: Coord, key: MessageKey | None = None
 ) -> bytes | None:
     """The body of the newest snapshot `coord` published (left in place), or None (torch-free).
-    With `key`, one not signed with it counts as none (it would be handed on to a spare)."""
-    exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
-    queue = await declare_last_value(channel, exchange, experiment, coord)
+    With `key`, one not signed with it counts as none (it would be handed on to a spare).
+
+    One broker call where nothing waits, two where a snapshot does: a channel answers one call at
+    a time, and a recovery makes this call for every lost cell. A queue this creates is bound by
+    the coordinate's next publisher (`RabbitSnapshotBus.publish`)."""
+    queue = await channel.declare_queue(
+        last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS, robust=False
+    )
+    if not queue.declaration_result.message_count:
+        return None
     message = await queue.get(no_ack=False, fail=False)
     if message is None:
         return None

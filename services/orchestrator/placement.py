@@ -203,7 +203,7 @@ class Placement:
         try:
             # Bounded: this runs under the orchestrator's lock, and a broker outage must not hold it.
             body = await asyncio.wait_for(
-                newest_published(self.shared.control.channel, experiment.id, coord, self.shared.settings.signer),
+                self._newest_published(experiment, coord),
                 BROKER_CALL_TIMEOUT,
             )
             if body is None:
@@ -222,11 +222,16 @@ class Placement:
 
     async def forget_published(self, experiment: Experiment, coord: Coord) -> None:
         try:
-            await asyncio.wait_for(
-                forget_published(self.shared.control.channel, experiment.id, coord), BROKER_CALL_TIMEOUT
-            )
+            await asyncio.wait_for(self._forget_published(experiment, coord), BROKER_CALL_TIMEOUT)
         except (TimeoutError, AMQPError, RuntimeError, ConnectionError) as error:
             log.warning("last-value queue of %s not deleted: %s", coord, error)
+
+    async def _newest_published(self, experiment: Experiment, coord: Coord) -> bytes | None:
+        channel = await self.shared.control.side_channel()
+        return await newest_published(channel, experiment.id, coord, self.shared.settings.signer)
+
+    async def _forget_published(self, experiment: Experiment, coord: Coord) -> None:
+        await forget_published(await self.shared.control.side_channel(), experiment.id, coord)
 
     async def forget_all_published(self, experiment: Experiment) -> None:
         """The experiment is over: nothing will be restored from its snapshots any more."""
