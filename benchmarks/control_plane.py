@@ -313,6 +313,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from servers import Servers, free_port
 
+    from palomino.errors import PalominoError
     from palomino.services.common.client import OrchestratorClient
 
     slots = args.workers * args.cells_per_worker
@@ -322,6 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     servers = Servers(work / "servers")
     servers.start()
     processes: list[subprocess.Popen] = []
+    experiment_id = ""
     report: dict[str, Any] = {"workers": args.workers, "slots": slots, "grid": "×".join(map(str, args.shape))}
     try:
         port = free_port()
@@ -359,58 +361,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def alive() -> int:
             return health.get("/healthz").json().get("workers_alive", 0)
 
-        started = time.monotonic()
-        wait(lambda: alive() >= slots, 600, f"{slots} live slots")
-        report["all_alive_s"] = round(time.monotonic() - started, 1)
-        time.sleep(3.0)  # every idle slot registers at least once (every 2 s)
-        idle = measure_cpu(orchestrator.pid, args.window)
-        report["orchestrator_cpu_idle_pct"] = idle
-        submitted = time.time()
-        summary = client.submit(yaml.safe_dump(experiment))
-        experiment_id = summary["id"]
-        wait(lambda: assigned(plan, slots) >= slots, 600, "every cell assigned")
-        first = [e for e in events(plan) if e["kind"] == "assigned"]
-        report["submit_to_all_assigned_s"] = round(sorted(e["t"] for e in first)[slots - 1] - submitted, 2)
-        if victims:
-            start("spares", victims)
-            wait(lambda: alive() >= slots + victims * args.cells_per_worker, 600, "the spares")
-        time.sleep(min(10.0, args.period * 2))  # past the start
-        before = sent(plan)
-        window_start = time.monotonic()
-        report["orchestrator_cpu_training_pct"] = measure_cpu(orchestrator.pid, args.window)
-        after, seconds = sent(plan), time.monotonic() - window_start
-        report["messages_per_s"] = round(sum(after[k][0] - before.get(k, [0, 0])[0] for k in after) / seconds, 1)
-        report["bytes_per_s"] = round(sum(after[k][1] - before.get(k, [0, 0])[1] for k in after) / seconds)
-        report["sent_by_kind_per_s"] = {
-            k: round((after[k][0] - before.get(k, [0, 0])[0]) / seconds, 1) for k in sorted(after)
-        }
-        if victims:
-            kill_after = slots * args.iterations // 3
-            wait(lambda: client.experiment(experiment_id)["records"] >= kill_after, 900, "a third of the records")
-            now = client.experiment(experiment_id)
-            if now["state"] != "running" or now["records"] > slots * args.iterations * 2 // 3:
-                raise SystemExit("the run is too short to kill workers in its middle: raise --iterations")
-            epoch_before = now["epoch"]
-            victim_cells = {tuple(e["coord"]) for e in events(plan) if e["kind"] == "assigned" and e["slot"].startswith("victims")}  # fmt: skip
-            killed_at = time.time()
-            by_name["victims"].send_signal(signal.SIGKILL)
-            by_name["victims"].wait()
+        try:
+            started = time.monotonic()
+            wait(lambda: alive() >= slots, 600, f"{slots} live slots")
+            report["all_alive_s"] = round(time.monotonic() - started, 1)
+            time.sleep(3.0)  # every idle slot registers at least once (every 2 s)
+            idle = measure_cpu(orchestrator.pid, args.window)
+            report["orchestrator_cpu_idle_pct"] = idle
+            submitted = time.time()
+            summary = client.submit(yaml.safe_dump(experiment))
+            experiment_id = summary["id"]
+            wait(lambda: assigned(plan, slots) >= slots, 600, "every cell assigned")
+            first = [e for e in events(plan) if e["kind"] == "assigned"]
+            report["submit_to_all_assigned_s"] = round(sorted(e["t"] for e in first)[slots - 1] - submitted, 2)
+            if victims:
+                start("spares", victims)
+                wait(lambda: alive() >= slots + victims * args.cells_per_worker, 600, "the spares")
+            time.sleep(min(10.0, args.period * 2))  # past the start
+            before = sent(plan)
+            window_start = time.monotonic()
+            report["orchestrator_cpu_training_pct"] = measure_cpu(orchestrator.pid, args.window)
+            after, seconds = sent(plan), time.monotonic() - window_start
+            report["messages_per_s"] = round(sum(after[k][0] - before.get(k, [0, 0])[0] for k in after) / seconds, 1)
+            report["bytes_per_s"] = round(sum(after[k][1] - before.get(k, [0, 0])[1] for k in after) / seconds)
+            report["sent_by_kind_per_s"] = {
+                k: round((after[k][0] - before.get(k, [0, 0])[0]) / seconds, 1) for k in sorted(after)
+            }
+            if victims:
+                kill_after = slots * args.iterations // 3
+                wait(lambda: client.experiment(experiment_id)["records"] >= kill_after, 900, "a third of the records")
+                now = client.experiment(experiment_id)
+                if now["state"] != "running" or now["records"] > slots * args.iterations * 2 // 3:
+                    raise TimeoutError("the run was too short to kill workers in its middle: raise --iterations")
+                epoch_before = now["epoch"]
+                victim_cells = {tuple(e["coord"]) for e in events(plan) if e["kind"] == "assigned" and e["slot"].startswith("victims")}  # fmt: skip
+                killed_at = time.time()
+                by_name["victims"].send_signal(signal.SIGKILL)
+                by_name["victims"].wait()
 
-            def replaced() -> list[dict[str, Any]]:
-                return [e for e in events(plan) if e["kind"] == "assigned" and e["t"] > killed_at and tuple(e["coord"]) in victim_cells]  # fmt: skip
+                def replaced() -> list[dict[str, Any]]:
+                    return [e for e in events(plan) if e["kind"] == "assigned" and e["t"] > killed_at and tuple(e["coord"]) in victim_cells]  # fmt: skip
 
-            wait(lambda: {tuple(e["coord"]) for e in replaced()} >= victim_cells, args.ttl + 120, "the lost cells replaced")  # fmt: skip
-            report["killed_workers"] = victims
-            report["death_to_replacement_s"] = round(max(e["t"] for e in replaced()) - killed_at, 2)
-            report["ttl_s"] = args.ttl
-            time.sleep(args.ttl + 2)
-            report["epochs_for_the_failure"] = client.experiment(experiment_id)["epoch"] - epoch_before
-        final = client.wait(experiment_id, timeout=900, period=2.0)
-        report["state"] = final["state"]
-        report["reason"] = final.get("reason", "")
-        report.update(check_records(Path(final["run_dir"]), final, args.iterations))
-        report["dones_taken"] = len(list((Path(final["run_dir"]) / "result" / "cells").glob("*/mixture.json")))
-        report["orchestrator_cpu_total_s"] = round(cpu_seconds(orchestrator.pid), 1)
+                wait(lambda: {tuple(e["coord"]) for e in replaced()} >= victim_cells, args.ttl + 120, "the lost cells replaced")  # fmt: skip
+                report["killed_workers"] = victims
+                report["death_to_replacement_s"] = round(max(e["t"] for e in replaced()) - killed_at, 2)
+                report["ttl_s"] = args.ttl
+                time.sleep(args.ttl + 2)
+                report["epochs_for_the_failure"] = client.experiment(experiment_id)["epoch"] - epoch_before
+            final = client.wait(experiment_id, timeout=args.finish_timeout, period=2.0)
+            report["state"] = final["state"]
+            report["reason"] = final.get("reason", "")
+            report.update(check_records(Path(final["run_dir"]), final, args.iterations))
+            report["dones_taken"] = len(list((Path(final["run_dir"]) / "result" / "cells").glob("*/mixture.json")))
+            report["orchestrator_cpu_total_s"] = round(cpu_seconds(orchestrator.pid), 1)
+        except (TimeoutError, PalominoError, httpx.HTTPError) as error:  # what was measured so far still counts
+            report["error"] = str(error)
+            if experiment_id:
+                report["at_error"] = {k: client.experiment(experiment_id)[k] for k in ("state", "records", "epoch")}
         return report
     finally:
         for process in processes:
@@ -495,6 +502,7 @@ def main() -> None:
     parser.add_argument("--kill", type=float, default=0.1, help="share of workers SIGKILLed at once, a third of the way")  # fmt: skip
     parser.add_argument("--ttl", type=float, default=5.0, help="distributed.heartbeat_ttl")
     parser.add_argument("--window", type=float, default=10.0, help="seconds each CPU and rate measurement takes")
+    parser.add_argument("--finish-timeout", type=float, default=900.0, help="seconds the run may take after the kill")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the report here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the working folder (logs, run directory)")
     parser.add_argument("--simulate", help=argparse.SUPPRESS)  # a child: this process's name
@@ -509,6 +517,8 @@ def main() -> None:
     print_report(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
+    if "error" in report:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
