@@ -3,8 +3,18 @@ import). Test modules import from here, never from one another."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
+
+from palomino.config.models import ExperimentConfig
+from palomino.grid import Coord, Topology
+from palomino.runs.directory import RunDirectory
+from palomino.services.common.service_settings import ServiceSettings
+from palomino.services.orchestrator.experiment import Experiment, Worker
+from palomino.services.orchestrator.orchestrator import Orchestrator
+from palomino.wire.control_messages import Done
 
 
 def mnist_classifier(dataset, seed: int = 0) -> tuple[nn.Module, float]:
@@ -26,3 +36,43 @@ def mnist_classifier(dataset, seed: int = 0) -> tuple[nn.Module, float]:
     with torch.no_grad():
         accuracy = float((net(x[train:]).argmax(1) == y[train:]).float().mean())
     return net.eval(), accuracy
+
+
+# ---- an orchestrator with a running 2×2 experiment, its control channel a recorder ---------------
+
+
+class RecordingControl:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    async def send(self, address: str, message: object, payload: bytes = b"") -> None:
+        self.sent.append((address, message))
+
+    async def event(self, experiment: str, kind: str, body: dict) -> None:
+        pass
+
+
+def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:
+    orchestrator = Orchestrator(ServiceSettings(), tmp_path)
+    orchestrator.control = RecordingControl()
+
+    async def no_queue(experiment: Experiment, coord: Coord) -> None:
+        pass
+
+    orchestrator.placement.forget_published = no_queue  # no last-value queues without a broker
+    config = ExperimentConfig.model_validate(
+        {"name": "race", "grid": {"rows": 2, "cols": 2}, "distributed": {"min_cells": 2}, "scoring": {"final": False}}
+    )
+    experiment = Experiment("race-1", config, RunDirectory.create(tmp_path, config), state="running")
+    experiment.topology = Topology(2, 2, config.grid.neighbourhood, epoch=0)
+    experiment.cells = {Coord(0, 0): "w0", Coord(0, 1): "w1", Coord(1, 0): "w2", Coord(1, 1): "w3"}
+    for coord, worker in experiment.cells.items():
+        orchestrator.workers[worker] = Worker(worker, experiment=experiment.id, coord=coord, idle=False)
+    orchestrator.experiments[experiment.id] = experiment
+    return orchestrator, experiment
+
+
+def done(worker: str, coord: tuple[int, int]) -> Done:
+    return Done(
+        experiment="race-1", worker=worker, coord=coord, iteration=9, score=0.1, components=[], weights=[], mixture={}
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_until_async
-from test_orchestrator_layout import done, running_2x2
+from helpers import done, running_2x2
 
 from palomino.grid import Coord
 from palomino.services.cell.done_delivery import DoneDelivery

@@ -8,50 +8,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from palomino.config.models import ExperimentConfig
-from palomino.grid import Coord, Topology
-from palomino.runs.directory import RunDirectory
+from helpers import done, running_2x2
+
+from palomino.grid import Coord
 from palomino.services.common.service_settings import ServiceSettings
-from palomino.services.orchestrator.experiment import Experiment, Worker
+from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.orchestrator import Orchestrator
 from palomino.wire.control_messages import Done, Resize
-
-
-class RecordingControl:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, object]] = []
-
-    async def send(self, address: str, message: object, payload: bytes = b"") -> None:
-        self.sent.append((address, message))
-
-    async def event(self, experiment: str, kind: str, body: dict) -> None:
-        pass
-
-
-def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:
-    orchestrator = Orchestrator(ServiceSettings(), tmp_path)
-    orchestrator.control = RecordingControl()
-
-    async def no_queue(experiment: Experiment, coord: Coord) -> None:
-        pass
-
-    orchestrator.placement.forget_published = no_queue  # no last-value queues without a broker
-    config = ExperimentConfig.model_validate(
-        {"name": "race", "grid": {"rows": 2, "cols": 2}, "distributed": {"min_cells": 2}, "scoring": {"final": False}}
-    )
-    experiment = Experiment("race-1", config, RunDirectory.create(tmp_path, config), state="running")
-    experiment.topology = Topology(2, 2, config.grid.neighbourhood, epoch=0)
-    experiment.cells = {Coord(0, 0): "w0", Coord(0, 1): "w1", Coord(1, 0): "w2", Coord(1, 1): "w3"}
-    for coord, worker in experiment.cells.items():
-        orchestrator.workers[worker] = Worker(worker, experiment=experiment.id, coord=coord, idle=False)
-    orchestrator.experiments[experiment.id] = experiment
-    return orchestrator, experiment
-
-
-def done(worker: str, coord: tuple[int, int]) -> Done:
-    return Done(
-        experiment="race-1", worker=worker, coord=coord, iteration=9, score=0.1, components=[], weights=[], mixture={}
-    )
 
 
 def test_a_done_sent_just_before_a_shrink_moved_its_worker_counts_where_it_went(tmp_path: Path) -> None:
@@ -293,3 +256,14 @@ def test_an_experiment_is_reloaded_from_what_it_saved(tmp_path: Path) -> None:
     assert again.history_since == {Coord(1, 1): 1} and again.recorded == {("0-1", 0)}
     done = again.done[Coord(0, 1)]
     assert (done.score, done.payload, done.samples_png, done.trained_at) == (0.25, b"mixture", b"png", "0-1")
+
+
+def test_one_register_announces_every_idle_slot_of_a_process(tmp_path: Path) -> None:
+    from palomino.wire.control_messages import Register
+
+    orchestrator, _ = running_2x2(tmp_path)
+    register = Register(worker="n/0", slots=["n/1", "n/2", "n/0"], host="h", pid=7, block="n")
+    asyncio.run(orchestrator.on_control(register, b""))
+    slots = {w: orchestrator.workers[w] for w in ("n/0", "n/1", "n/2")}
+    assert all(w.idle and w.block == "n" and w.host == "h" for w in slots.values())
+    assert len(orchestrator.workers) == 4 + 3  # the layout's four, and each slot once

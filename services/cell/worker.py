@@ -166,16 +166,15 @@ class CellWorker:
         # once it has said so, and a restarted orchestrator finds its spares again.
         host, pid = socket.gethostname(), os.getpid()
         while True:
-            for slot in self.slots:
-                if self.busy(slot) is None and slot not in self._assigned:
-                    try:
-                        await self.control.send(
-                            self.orchestrator,
-                            Register(worker=slot, host=host, pid=pid, device=self.device, block=self.worker),
-                        )
-                    except PalominoError as error:
-                        log.warning("registration failed: %s", error)
-                        break
+            idle = [slot for slot in self.slots if self.busy(slot) is None and slot not in self._assigned]
+            if idle:  # one message for all of them
+                register = Register(
+                    worker=idle[0], slots=idle[1:], host=host, pid=pid, device=self.device, block=self.worker
+                )
+                try:
+                    await self.control.send(self.orchestrator, register)
+                except PalominoError as error:
+                    log.warning("registration failed: %s", error)
             await asyncio.sleep(REGISTER_PERIOD)
 
     async def _on_control(self, message: Any, payload: bytes) -> None:

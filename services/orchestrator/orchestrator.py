@@ -192,14 +192,8 @@ class Orchestrator:
     async def on_control(self, message: Any, payload: bytes) -> None:
         self.shared.counters["control_messages"] += 1
         if isinstance(message, Register):
-            worker = self.shared.workers.setdefault(message.worker, Worker(message.worker))
-            worker.host, worker.device, worker.idle, worker.block = message.host, message.device, True, message.block
-            if (
-                worker.experiment
-                and (exp := self.shared.experiments.get(worker.experiment))
-                and exp.cells.get(worker.coord) != worker.id
-            ):
-                worker.free()  # it was replaced while away
+            for slot in dict.fromkeys([message.worker, *message.slots]):  # a process's idle slots, each once
+                self._register(slot, message)
             return
         if isinstance(message, Done):
             await self._on_done(message, payload)
@@ -249,6 +243,16 @@ class Orchestrator:
                     await self.placement.assign(experiment, coord, message.worker, restore=True)
                     return
                 await self.placement.end(experiment, "failed", message.reason)
+
+    def _register(self, slot: str, message: Register) -> None:
+        worker = self.shared.workers.setdefault(slot, Worker(slot))
+        worker.host, worker.device, worker.idle, worker.block = message.host, message.device, True, message.block
+        if (
+            worker.experiment
+            and (exp := self.shared.experiments.get(worker.experiment))
+            and exp.cells.get(worker.coord) != worker.id
+        ):
+            worker.free()  # it was replaced while away
 
     async def _on_done(self, message: Done, payload: bytes) -> None:
         """Take a cell's result, then acknowledge it, taken or not: the cell re-sends it until then
