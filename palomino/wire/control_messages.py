@@ -75,36 +75,33 @@ class Metrics(_Message):
     record: dict[str, Any]
 
 
-class Samples(_Message):
+class _AboutCell(_Message):
+    """A message about one cell of an experiment at one iteration, in the name of the worker holding it."""
+
+    experiment: str
+    worker: str
+    coord: tuple[int, int]
+    iteration: int
+
+
+class Samples(_AboutCell):
     """Payload: a PNG of a cell's generated samples, or (`real`) of real training data."""
 
     kind: Literal["samples"] = "samples"
-    experiment: str
-    worker: str
-    coord: tuple[int, int]
-    iteration: int
     real: bool = False
 
 
-class Checkpoint(_Message):
+class Checkpoint(_AboutCell):
     """Payload: the cell's state as safetensors; `meta` is its JSON side."""
 
     kind: Literal["checkpoint"] = "checkpoint"
-    experiment: str
-    worker: str
-    coord: tuple[int, int]
-    iteration: int
     meta: dict[str, Any]
 
 
-class Done(_Message):
+class Done(_AboutCell):
     """A cell finished; payload: its neighbourhood mixture (safetensors), `mixture` its JSON side."""
 
     kind: Literal["done"] = "done"
-    experiment: str
-    worker: str
-    coord: tuple[int, int]
-    iteration: int
     score: float
     components: list[str]
     weights: list[float]
@@ -112,14 +109,10 @@ class Done(_Message):
     samples_png: str = Field("", description="base64 PNG of the mixture's samples")
 
 
-class DoneAck(_Message):
+class DoneAck(_AboutCell):
     """The orchestrator has this Done, or will never take it (stale, late): the cell stops re-sending it."""
 
     kind: Literal["done-ack"] = "done-ack"
-    experiment: str
-    worker: str
-    coord: tuple[int, int]
-    iteration: int
 
 
 class Failed(_Message):
