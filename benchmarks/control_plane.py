@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ---- the simulated workers (the child processes) ---------------------------------------------
@@ -236,8 +235,12 @@ async def simulate(prefix: str, workers: int, cells: int, plan_dir: Path, log: A
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    from dashboard_load import proc_stat  # a sibling script: benchmarks/ is on the path
+
+    stat = proc_stat(pid)
+    if stat is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return stat[1]
 
 
 def prepare(folder: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -46,7 +46,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 # ---- CPU from /proc -----------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
+def proc_stat(pid: int) -> tuple[int, float] | None:
     """(parent pid, CPU seconds) of a process, or None once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -60,7 +60,7 @@ def tree_cpu(root: int, only: str | None = None) -> float:
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (found := _stat(int(entry))) is not None:
+        if entry.isdigit() and (found := proc_stat(int(entry))) is not None:
             parents[int(entry)], cpu[int(entry)] = found
     total = 0.0
     for pid in cpu:

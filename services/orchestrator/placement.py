@@ -164,15 +164,14 @@ class Placement:
             payload, meta = checkpoint.payload, checkpoint.meta
             resumed, chosen = checkpoint.iteration, ("checkpoint", checkpoint.iteration)
         snapshot = await self.newest_published(experiment, coord)
-        if snapshot is not None and snapshot[1] > resumed and not self._recorded(experiment, coord, snapshot[1]):
-            # A cell publishes an iteration's snapshot, then sends its record: killed between the
-            # two, resuming after that iteration would leave it unrecorded for good.
-            log.info("cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
-                     coord, experiment.id, snapshot[1] - 1)  # fmt: skip
-            snapshot = None
         if snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable:
-            payload, meta = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}  # newer than the checkpoint
-            resumed, chosen = snapshot[1], ("snapshot", snapshot[1])
+            if self._recorded(experiment, coord, snapshot[1]):  # newer than the checkpoint
+                payload, meta = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}
+                resumed, chosen = snapshot[1], ("snapshot", snapshot[1])
+            else:  # a cell publishes an iteration's snapshot, then sends its record: killed between the
+                # two, resuming after that iteration would leave it unrecorded for good
+                log.info("cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
+                         coord, experiment.id, snapshot[1] - 1)  # fmt: skip
         if chosen is not None:
             experiment.restoring[coord] = chosen
         source = (meta or {}).get("from", "a checkpoint" if payload else "scratch")

@@ -74,9 +74,7 @@ class Shared:
     def is_dead(self, worker_id: str, ttl: float) -> bool:
         """Missing for GATHER seconds: dead (its key expired a TTL after its last heartbeat)."""
         worker = self.workers.get(worker_id)
-        if worker is None:
-            return True
-        return self.is_missing(worker_id, ttl) and time.monotonic() - worker.last_seen >= GATHER
+        return self.is_missing(worker_id, ttl) and (worker is None or time.monotonic() - worker.last_seen >= GATHER)
 
     def spares(self, ttl: float) -> list[str]:
         """Idle, live workers, in a stable order: a multi-cell worker's slots one after another."""

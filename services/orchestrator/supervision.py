@@ -62,9 +62,7 @@ class Supervisor:
             return False
         now = time.monotonic()
         if not self._redis_ok:
-            # Back from an outage: heartbeats could not land meanwhile, so restart every clock.
-            for worker in self.shared.workers.values():
-                worker.last_seen = now
+            # Back from an outage: heartbeats could not land meanwhile; nobody is missing until a TTL from now.
             self.shared.liveness_since = now
             self._redis_ok = True
         for worker_id in alive:
