@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 class Recovery:
     def __init__(self, shared: Shared, placement: Placement, results: Results) -> None:
         self.shared, self.placement, self.results = shared, placement, results
+        self._missing: dict[str, set[str]] = {}  # experiment → the workers it was last told are missing
 
     async def check_cells(self, experiment: Experiment) -> None:
         ttl = experiment.config.distributed.heartbeat_ttl
@@ -31,6 +32,12 @@ class Recovery:
             for coord, w in experiment.cells.items()
             if coord not in experiment.done and self.shared.is_missing(w, ttl)
         }
+        if set(missing.values()) != self._missing.get(experiment.id, set()):
+            # Dashboards learn of the lost heartbeats now (their tiles turn dead), not only from the
+            # new layout that follows GATHER seconds later.
+            self._missing[experiment.id] = set(missing.values())
+            if missing:
+                await self.shared.event(experiment, "topology", experiment.summary(self.shared.alive))
         if not any(self.shared.is_dead(w, ttl) for w in missing.values()):
             return
         dead = missing  # with those that died with it (shared.GATHER): one epoch for them all
