@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import secrets
 import struct
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import raw_publish, wait_until_async
 
 from palomino.errors import TransportError
-from palomino.grid import Coord
+from palomino.grid import Coord, Topology
+from palomino.runs.loop import gather_neighbours
+from palomino.transport import InMemorySnapshotBus
 from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
 from palomino.transport.redis_liveness import RedisLiveness
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader, encode_snapshot
@@ -88,6 +92,40 @@ async def test_rebinding_follows_the_new_neighbours_only(experiment: str, broker
         # 5 went out before 6 on one channel: had it been routed here, it would have come first.
         assert (await receiver.wait(Coord(1, 1), 6, timeout=10)).iteration == 6
         assert await receiver.newest(Coord(0, 1)) is None
+
+
+@pytest.mark.integration
+async def test_a_neighbour_bound_late_starts_from_its_newest_published_snapshot(
+    experiment: str, broker_url: str
+) -> None:
+    """A replacement whose neighbours have finished: they never publish again, and it waited
+    neighbour_timeout for each (the chaos soak's four-minute stall)."""
+    async with RabbitSnapshotBus(broker_url, experiment) as finished:
+        await finished.publish(snapshot(experiment, (0, 1), 6))
+        await finished.publish(snapshot(experiment, (0, 1), 7))
+        await raw_publish(b"garbage", routing_key(experiment, Coord(2, 2)))  # the newest of 2-2: unusable
+        async with RabbitSnapshotBus(broker_url, experiment) as late:
+            await late.bind([Coord(0, 1), Coord(1, 1), Coord(2, 2)], epoch=1)
+            held = await late.newest(Coord(0, 1))
+            assert held is not None and held.iteration == 7
+            assert torch.equal(held.tensors["generator.net.w"], torch.arange(4.0) + 7)
+            assert await late.newest(Coord(1, 1)) is None and await late.newest(Coord(2, 2)) is None
+            await finished.publish(snapshot(experiment, (0, 1), 8))  # and it follows on from there
+            assert (await late.wait(Coord(0, 1), 8, timeout=10)).iteration == 8
+
+
+@pytest.mark.parametrize("synchronous", [False, True])
+async def test_silent_neighbours_cost_one_timeout_together(synchronous: bool) -> None:
+    topology = Topology(3, 3, "von_neumann")
+    cell = SimpleNamespace(iteration=5, coord=Coord(1, 1), topology=topology)
+    neighbours = topology.neighbours(cell.coord)
+    bus = InMemorySnapshotBus()
+    await bus.publish(snapshot("x", tuple(neighbours[-1]), 4))  # one has spoken, after three silent ones
+    silent: set[Coord] = set()
+    started = time.monotonic()
+    found = await gather_neighbours(cell, bus, synchronous, timeout=0.5, silent=silent)
+    assert time.monotonic() - started < 1.0  # one at a time each waited 0.5 s: 1.5 s
+    assert list(found) == [neighbours[-1]] and silent == set(neighbours[:-1])
 
 
 async def test_a_bad_broker_url_is_a_clear_error() -> None:

@@ -57,16 +57,19 @@ async def gather_neighbours(
     """Synchronous: each neighbour's iteration i−1 exactly. Asynchronous: the newest held.
 
     A neighbour that stayed silent for `timeout` is left out; asynchronous runs then stop
-    waiting for it (it has finished or died) until it is heard from again.
+    waiting for it (it has finished or died) until it is heard from again. `timeout` bounds the
+    wait for all neighbours together: four silent ones cost one timeout, not four.
     """
     wanted = cell.iteration - 1
     silent = set() if silent is None else silent
     found: dict[Coord, Snapshot] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
     for coord in cell.topology.neighbours(cell.coord):
         snapshot = None if synchronous else await bus.newest(coord)
         if snapshot is None and not (coord in silent and not synchronous):
             try:
-                snapshot = await bus.wait(coord, wanted if synchronous else -1, timeout)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                snapshot = await bus.wait(coord, wanted if synchronous else -1, left)
             except TimeoutError:
                 log.warning(
                     "cell %s: no snapshot from neighbour %s for %s s; going on without it", cell.coord, coord, timeout

@@ -247,9 +247,27 @@ class RabbitSnapshotBus:
         for coord in self._bound - wanted:
             await self._queue.unbind(self._exchange, routing_key(self.experiment, coord))
             self._store.forget(coord)
-        for coord in wanted - self._bound:
+        added = wanted - self._bound
+        for coord in added:
             await self._queue.bind(self._exchange, routing_key(self.experiment, coord))
         self._bound = wanted
+        for coord in added:
+            await self._catch_up(coord)
+
+    async def _catch_up(self, coord: Coord) -> None:
+        """Start from the newest snapshot `coord` has published, not from its next one: a cell
+        that joins late (a replacement, a relayout) may have neighbours that already finished and
+        will never publish again."""
+        try:
+            body = await newest_published(self._channel, self.experiment, coord, key=self.key)
+            if body is not None:
+                snapshot, held = self._decode_body(body), self._store.newest(coord)
+                if held is None or held.iteration < snapshot.iteration:  # live ones may have come first
+                    await self._keep(snapshot)
+        except SnapshotError as error:
+            log.warning("the newest snapshot of %s is not used: %s", coord, error)
+        except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:  # its next one will come
+            log.warning("the newest snapshot of %s not read (%s); waiting for its next", coord, error)
 
     async def publish(self, snapshot: Snapshot) -> None:
         body = encode_snapshot(snapshot)
@@ -279,8 +297,11 @@ class RabbitSnapshotBus:
 
     def _decode(self, message: AbstractIncomingMessage) -> Snapshot:
         check_signature(self.key, message)
+        return self._decode_body(message.body)
+
+    def _decode_body(self, body: bytes) -> Snapshot:
         try:
-            snapshot = decode_snapshot(message.body, max_bytes=self.max_bytes)
+            snapshot = decode_snapshot(body, max_bytes=self.max_bytes)
         except SnapshotError:
             raise
         except Exception as error:  # noqa: BLE001 — whatever the body does (RecursionError, MemoryError)

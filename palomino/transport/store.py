@@ -40,7 +40,10 @@ class SnapshotStore:
 
     async def wait(self, coord: Coord, iteration: int, timeout: float | None = None) -> Snapshot:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self._pick(coord, iteration) is not None), timeout)
+            if self._pick(coord, iteration) is None:  # wait_for(…, 0) would time out even on one held
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._pick(coord, iteration) is not None), timeout
+                )
             snapshot = self._pick(coord, iteration)
         assert snapshot is not None
         return snapshot
