@@ -1,0 +1,671 @@
+"""Chaos (issue 36): a soak that SIGKILLs one service at random every `--period` seconds, and a
+verdict of what was lost.
+
+    python benchmarks/chaos.py --duration 1800 --period 120 --seed 1 --out chaos-1.json
+    python benchmarks/chaos.py --duration 180 --period 30           # the slow test's short form
+
+It starts a RabbitMQ and a Redis of its own (throwaway, as the tests start them: the machine's own
+are never contacted), an orchestrator, a scorer, a dashboard and cell workers (`--blocks` of
+`--cells-per-block` cells each, and `--singles` of one), and submits experiments one after another
+— ring 3×3 and grid 4×4 in turn, `on_failure: auto` with a `min_cells`, each `--iterations` long —
+until `--duration` has passed. Every `--period` seconds it kills one service chosen by the seed —
+a cell worker, the orchestrator, the scorer, the dashboard, Redis or RabbitMQ — and starts it
+again, as a Deployment or a systemd unit would (each kind once a round, in an order the seed
+draws): the servers on their port with their data folder
+(RabbitMQ keeps its durable queues, Redis keeps nothing), the services with their arguments, a
+cell worker under a new id (the orchestrator sees a new spare; spares and shrinking stand in for
+the dead one). Then it lets the last experiment finish and judges:
+
+- experiments submitted / finished / failed (with the reason), each with its epochs and failures;
+- iterations recorded per cell: none twice, none missing in the final layout since its epoch began;
+- every checkpoint on disk loads; each finished run has its result, samples and the scorer's scores;
+- messages dead-lettered, by queue and reason;
+- the longest stall: no metrics record written anywhere while an experiment was due;
+- each service's memory at the end against its memory once a run it took part in had finished
+  and been scored (the scorer and the cells load torch and data on their first job).
+
+The kill schedule is drawn from `--seed`: the same seed kills the same services at the same times.
+Exit 0 when the verdict holds (every experiment finished, nothing lost or twice, every checkpoint
+loads, no stall longer than twice the longest restart, no service past twice its memory), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the throwaway servers the tests use (standard library only)
+
+from servers import Servers, free_port, listening  # noqa: E402
+
+KINDS = ("cell", "orchestrator", "scorer", "dashboard", "redis", "rabbitmq")
+
+
+# ---- processes --------------------------------------------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it (RabbitMQ's script starts erl, which starts its helpers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of pid and its descendants, MiB (0 once gone)."""
+    total = 0
+    for one in descendants(pid):
+        try:
+            for line in Path(f"/proc/{one}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return round(total / 1024, 1)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL pid and its descendants, and wait until each is gone: a broker whose beam.smp has
+    not yet exited still holds its port, and its restart would take that for itself."""
+    tree = descendants(pid)
+    for one in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(one, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(running(one) for one in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@dataclass
+class Instance:
+    """One life of a service: from its start to its kill (or the end of the soak)."""
+
+    name: str
+    kind: str
+    pid: int
+    started: float
+    worker: str = ""  # a cell worker's id
+    rss: dict[str, float] = field(default_factory=dict)  # MiB: "start", "first_scored", "end"
+
+
+class Fleet:
+    """The services of the soak, each started again after it is killed."""
+
+    def __init__(self, work: Path, servers: Servers, args: argparse.Namespace) -> None:
+        self.work, self.servers, self.args = work, servers, args
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.runs = work / "runs"
+        self.env = {**os.environ, **servers.env, "PALOMINO_NAMESPACE": f"chaos{self.port}",
+                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.workers: dict[str, tuple[int, int]] = {}  # cell worker's name → (cells, generation)
+        self.instances: list[Instance] = []
+        self.lock = threading.Lock()
+
+    # -- starting --
+
+    def spawn(self, name: str, kind: str, *args: str, worker: str = "") -> None:
+        from servers import _die_with_parent
+
+        log = open(self.work / "logs" / f"{name}.log", "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT,
+            env=self.env, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        with self.lock:
+            self.processes[name] = process
+            self.instances.append(Instance(name, kind, process.pid, time.time(), worker))
+
+    def start(self, name: str) -> None:
+        """Start `name` (a service or a cell worker) and wait until it serves."""
+        import httpx
+
+        (self.work / "logs").mkdir(exist_ok=True)
+        if name == "orchestrator":
+            self.spawn(name, name, "orchestrator", "--runs", str(self.runs), "--port", str(self.port))
+            wait(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200, 120, "the orchestrator")
+        elif name == "scorer":
+            self.spawn(name, name, "scorer", "--name", "chaos-scorer")
+        elif name == "dashboard":
+            self.spawn(name, name, "dashboard", "--orchestrator", self.url, "--broker", self.servers.broker_url,
+                       "--runs", str(self.runs), "--port", str(self.dashboard_port))  # fmt: skip
+            wait(lambda: httpx.get(f"http://127.0.0.1:{self.dashboard_port}/healthz", timeout=2).status_code == 200,
+                 120, "the dashboard")  # fmt: skip
+        elif name in ("redis", "rabbitmq"):
+            server = getattr(self.servers, name)
+            server.start()  # same port, same folder: RabbitMQ keeps its durable queues, Redis nothing
+            with self.lock:
+                self.instances.append(Instance(name, name, server.process.pid, time.time()))
+        else:
+            cells, generation = self.workers[name]
+            self.workers[name] = (cells, generation + 1)
+            # A new id, as a restarted pod gets: the orchestrator sees a new spare, never the dead worker back.
+            worker = f"{name}-g{generation + 1}"
+            self.spawn(name, "cell", "cell", "--worker-id", worker, "--cells", str(cells), worker=worker)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_all(self) -> None:
+        for i in range(self.args.blocks):
+            self.workers[f"block{i}"] = (self.args.cells_per_block, 0)
+        for i in range(self.args.singles):
+            self.workers[f"single{i}"] = (1, 0)
+        for name in ("orchestrator", "scorer", "dashboard", *self.workers):
+            self.start(name)
+
+    # -- killing --
+
+    def pid(self, name: str) -> int:
+        if name in ("redis", "rabbitmq"):
+            return getattr(self.servers, name).process.pid
+        return self.processes[name].pid
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, with every process it started (nothing is asked to stop)."""
+        pid = self.pid(name)
+        kill_tree(pid)
+        if name in ("redis", "rabbitmq"):
+            server = getattr(self.servers, name)
+            server.process.wait()
+            server.process = None
+            # Its threads may still hold the port after the process reads as exited (a zombie leader).
+            wait(lambda: not listening(server.port), 30, f"{name}'s port to close")
+        else:
+            self.processes[name].wait()
+
+    def live(self) -> list[Instance]:
+        with self.lock:
+            current = {}
+            for instance in self.instances:  # the newest instance of each name
+                current[instance.name] = instance
+            return [i for i in current.values() if self.alive(i)]
+
+    def alive(self, instance: Instance) -> bool:
+        try:
+            return self.pid(instance.name) == instance.pid and Path(f"/proc/{instance.pid}").exists()
+        except (KeyError, AttributeError):
+            return False
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.servers.stop()
+
+
+def wait(condition: Any, timeout: float, what: str) -> None:
+    deadline, last = time.monotonic() + timeout, ""
+    while True:
+        try:
+            if condition():
+                return
+        except Exception as error:  # noqa: BLE001 — still starting (connection refused, 5xx): ask again
+            last = f" (last: {error})"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}{last}")
+        time.sleep(0.25)
+
+
+# ---- experiments --------------------------------------------------------------------------------
+
+
+def experiment_config(kind: str, number: int, args: argparse.Namespace) -> str:
+    """The example of `kind` (examples/ring-3x3.yaml, grid-4x4.yaml) as a soak runs it: `--iterations`
+    long, checkpoints often (there are some to restore and to check), shrinking allowed."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "examples" / f"{kind}.yaml").read_text())
+    config["name"] = f"chaos-{kind}-{number}"
+    config["seed"] = number
+    training = config["training"]
+    training.update(
+        iterations=args.iterations, checkpoint_every=args.checkpoint_every, sample_every=args.iterations // 2
+    )
+    training["batches_per_iteration"] = args.batches
+    cells = config["grid"]["rows"] * config["grid"]["cols"]
+    config["distributed"] = {"heartbeat_ttl": args.ttl, "min_cells": cells // 2, "on_failure": "auto"}
+    return yaml.safe_dump(config)
+
+
+@dataclass
+class Soak:
+    """What the driver saw: the experiments, the kills, the progress."""
+
+    experiments: list[dict[str, Any]] = field(default_factory=list)  # {id, kind, submitted, ended, state}
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    longest_stall: float = 0.0
+    stall_at: float = 0.0
+    started: float = field(default_factory=time.time)
+
+
+class Monitor(threading.Thread):
+    """Once a second: has any metrics record been written (the stall clock), and each service's memory."""
+
+    def __init__(self, fleet: Fleet, soak: Soak) -> None:
+        super().__init__(daemon=True)
+        self.fleet, self.soak = fleet, soak
+        self.due = False  # an experiment has recorded and not ended: records are expected
+        self.last_progress, self.last_size = time.time(), -1
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(1.0):
+            self.sample()
+
+    def sample(self) -> None:
+        now = time.time()
+        size = sum(p.stat().st_size for p in self.fleet.runs.glob("*/metrics.jsonl") if p.exists())
+        if size != self.last_size or not self.due:
+            self.last_size, self.last_progress = size, now
+        elif now - self.last_progress > self.soak.longest_stall:
+            self.soak.longest_stall, self.soak.stall_at = now - self.last_progress, self.last_progress
+        for instance in self.fleet.live():
+            memory = rss_mib(instance.pid)
+            if memory:
+                instance.rss.setdefault("start", memory)
+                instance.rss["end"] = memory
+
+    def mark(self, point: str, workers: set[str]) -> None:
+        """Each live service's memory now, at `point` (the first time only); a cell worker's only
+        once it has trained in a run (`workers`): a spare has not loaded torch and data yet."""
+        for instance in self.fleet.live():
+            if instance.kind != "cell" or instance.worker in workers:
+                instance.rss.setdefault(point, rss_mib(instance.pid))
+
+
+def state_of(client: Any, experiment: str) -> dict[str, Any] | None:
+    try:
+        return client.experiment(experiment)
+    except Exception:  # noqa: BLE001 — the orchestrator is down or restarting: ask again next time
+        return None
+
+
+def scored(fleet: Fleet, summary: dict[str, Any]) -> bool:
+    scores = Path(summary["run_dir"]) / "scores.json"
+    try:
+        return "best" in json.loads(scores.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+# ---- the soak -----------------------------------------------------------------------------------
+
+
+class Driver:
+    """Submits experiments one after another and kills a service every period, as the seed says."""
+
+    def __init__(self, fleet: Fleet, soak: Soak, monitor: Monitor, args: argparse.Namespace) -> None:
+        from palomino.services.common.client import OrchestratorClient
+
+        self.fleet, self.soak, self.monitor, self.args = fleet, soak, monitor, args
+        self.client = OrchestratorClient(fleet.url, timeout=10)
+        self.rng = random.Random(args.seed)
+        self.current: dict[str, Any] | None = None
+        self.deck: list[str] = []
+
+    def run(self) -> None:
+        end_kills = self.soak.started + self.args.duration
+        next_kill = self.soak.started + self.args.period
+        while True:
+            now = time.time()
+            if self.current is None or "ended" in self.current:
+                if now >= end_kills:
+                    break
+                self.submit()
+            else:
+                self.follow()
+            self.note_scores()
+            if now >= next_kill and now < end_kills:
+                self.kill_one()
+                next_kill += self.args.period
+            time.sleep(1.0)
+        self.drain(time.time() + self.args.drain)
+
+    def submit(self) -> None:
+        number = len(self.soak.experiments)
+        kind = ("ring-3x3", "grid-4x4")[number % 2]
+        try:
+            summary = self.client.submit(experiment_config(kind, number, self.args))
+        except Exception as error:  # noqa: BLE001 — the orchestrator is down: the next tick tries again
+            log(f"submit {kind}: {error}")
+            return
+        self.current = {"id": summary["id"], "kind": kind, "submitted": time.time()}
+        self.soak.experiments.append(self.current)
+        log(f"submitted {kind} as {summary['id']}")
+
+    def follow(self) -> None:
+        assert self.current is not None
+        summary = state_of(self.client, self.current["id"])
+        if summary is None:
+            return
+        if summary["records"] > 0:
+            self.monitor.due = True
+        if summary["state"] in ("finished", "failed"):
+            self.current.update(ended=time.time(), state=summary["state"], run_dir=summary["run_dir"])
+            self.monitor.due = False
+            log(f"{self.current['id']} {summary['state']} (epoch {summary['epoch']}) {summary.get('reason', '')}")
+
+    def note_scores(self) -> None:
+        """Memory is compared between like moments: an experiment finished and scored."""
+        for experiment in self.soak.experiments:
+            if experiment.get("state") == "finished" and "scored" not in experiment:
+                try:
+                    done = "best" in json.loads((Path(experiment["run_dir"]) / "scores.json").read_text())
+                except (OSError, ValueError):
+                    done = False
+                if done:
+                    experiment["scored"] = time.time()
+                    self.monitor.mark("first_scored", trained_in(Path(experiment["run_dir"])))
+
+    def kill_one(self) -> None:
+        if not self.deck:  # every kind once a round, in an order the seed draws
+            self.deck = self.rng.sample(self.args.kinds, len(self.args.kinds))
+        kind = self.deck.pop()
+        name = self.rng.choice(sorted(self.fleet.workers)) if kind == "cell" else kind
+        entry: dict[str, Any] = {"t": round(time.time() - self.soak.started, 1), "kind": kind, "service": name}
+        before = state_of(self.client, self.current["id"]) if self.current and "ended" not in self.current else None
+        killed = time.time()
+        if kind == "cell":
+            _cells, generation = self.fleet.workers[name]
+            worker = f"{name}-g{generation}"
+            self.fleet.kill(name)
+            self.fleet.start(name)  # a new spare at once, as a restarted pod
+            held = [c for c, slot in (before or {}).get("cells", {}).items() if slot.rsplit("/", 1)[0] == worker]
+            entry.update(worker=worker, cells_lost=len(held))
+            if held:
+                entry["restart_s"] = self.replaced(worker, killed)
+            else:
+                entry["restart_s"] = 0.0  # a spare (or between experiments): nothing to replace
+        else:
+            self.fleet.kill(name)
+            try:
+                self.fleet.start(name)
+                entry["restart_s"] = round(time.time() - killed, 1)
+            except Exception as error:  # noqa: BLE001 — reported: a service that does not come back is a finding
+                entry.update(restart_s=None, error=str(error))
+        self.soak.kills.append(entry)
+        log(f"killed {name}: back in {entry['restart_s']} s" + (f", {entry['cells_lost']} cells lost" if kind == "cell" else ""))  # fmt: skip
+
+    def replaced(self, worker: str, killed: float) -> float | None:
+        """Seconds from the kill until no cell of the current experiment is held by `worker`."""
+        deadline = killed + self.args.ttl + 120
+        while time.time() < deadline:
+            summary = state_of(self.client, self.current["id"]) if self.current else None
+            if summary is not None:
+                holders = {slot.rsplit("/", 1)[0] for slot in summary["cells"].values()}
+                if worker not in holders or summary["state"] != "running":
+                    return round(time.time() - killed, 1)
+            time.sleep(0.2)
+        return None
+
+    def drain(self, deadline: float) -> None:
+        """No more kills: the running experiment finishes and every finished one is scored."""
+        while time.time() < deadline:
+            if self.current is not None and "ended" not in self.current:
+                self.follow()
+            self.note_scores()
+            if all("ended" in e and (e.get("state") != "finished" or "scored" in e) for e in self.soak.experiments):
+                return
+            time.sleep(1.0)
+        log("drain: out of time")
+
+
+def trained_in(run_dir: Path) -> set[str]:
+    """The cell workers that held a cell of the run in any of its epochs."""
+    held = set()
+    for line in (run_dir / "topology.jsonl").read_text().splitlines():
+        held.update(slot.rsplit("/", 1)[0] for slot in json.loads(line)["cells"].values())
+    return held
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ---- the verdict --------------------------------------------------------------------------------
+
+
+def judge_run(run_dir: Path, summary: dict[str, Any], iterations: int) -> dict[str, Any]:
+    """Records (each once; the final layout's cells complete since their epoch began), checkpoints
+    (each loads), result, samples and scores of one experiment."""
+    from palomino.runs.checkpoints import list_iterations, read_checkpoint
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    keys = [(f"{r['cell'][0]}-{r['cell'][1]}", r["iteration"]) for r in records]
+    missing = 0
+    for cell in summary["cells"]:
+        last_epoch = [r["iteration"] for r in records if f"{r['cell'][0]}-{r['cell'][1]}" == cell and r.get("epoch") == summary["epoch"]]  # fmt: skip
+        since = min(last_epoch, default=iterations if summary["state"] != "finished" else 0)
+        missing += len(set(range(since, iterations)) - {i for c, i in keys if c == cell})
+    loaded, corrupt = 0, []
+    for folder in sorted((run_dir / "checkpoints").glob("*")):
+        for iteration in list_iterations(folder):
+            try:
+                read_checkpoint(folder, iteration)
+                loaded += 1
+            except ValueError as error:
+                corrupt.append(str(error))
+    try:
+        scores = json.loads((run_dir / "scores.json").read_text()).get("best", {})
+    except (OSError, ValueError):
+        scores = {}
+    epochs = len((run_dir / "topology.jsonl").read_text().splitlines()) if (run_dir / "topology.jsonl").exists() else 0
+    return {
+        "epochs": epochs,
+        "records": len(keys),
+        "records_twice": len(keys) - len(set(keys)),
+        "records_missing": missing,
+        "checkpoints_loaded": loaded,
+        "checkpoints_corrupt": corrupt,
+        "result": (run_dir / "result" / "mixture.safetensors").is_file(),
+        "samples": len(list((run_dir / "samples").rglob("*.png"))),
+        "scored": bool(scores) and "error" not in scores,
+    }
+
+
+def dead_letters(broker_url: str) -> dict[str, int]:
+    """Every dead-lettered message, counted by the queue it left and why (`x-death`)."""
+    import asyncio
+
+    import aio_pika
+
+    from palomino.transport.rabbitmq import DEAD_QUEUE
+
+    async def count() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        connection = await aio_pika.connect(broker_url)
+        async with connection:
+            channel = await connection.channel()
+            try:
+                queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
+            except aio_pika.exceptions.ChannelClosed:
+                return counts  # nothing was ever dead-lettered
+            while (message := await queue.get(fail=False, no_ack=True)) is not None:
+                death = (message.headers.get("x-death") or [{}])[0]
+                key = f"{death.get('queue', '?')}: {death.get('reason', '?')}"
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    return asyncio.run(count())
+
+
+def waiting(servers: Servers) -> dict[str, int]:
+    """Queues that still hold messages at the end (one growing without bound shows here)."""
+    listed = servers.rabbitmq.ctl("-q", "list_queues", "name", "messages", check=False).stdout
+    pairs = (line.split() for line in listed.splitlines())
+    return {name: int(n) for name, n in (p for p in pairs if len(p) == 2 and p[1].isdigit()) if int(n)}
+
+
+def memory(fleet: Fleet) -> dict[str, dict[str, Any]]:
+    """Each long-lived service's newest life: MiB at its start, when an experiment had first
+    finished and been scored in it, and at the end; growth is end against that middle moment (a
+    scorer or cell loads torch and data on its first job, which is not growth)."""
+    newest: dict[str, Instance] = {}
+    for instance in fleet.instances:
+        newest[instance.name] = instance
+    out = {}
+    for name, instance in sorted(newest.items()):
+        middle = instance.rss.get("first_scored")
+        out[name] = {**instance.rss, "lived_s": round(time.time() - instance.started),
+                     "growth": round(instance.rss["end"] / middle, 2) if middle and "end" in instance.rss else None}  # fmt: skip
+    return out
+
+
+def verdict(soak: Soak, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
+    from palomino.services.common.client import OrchestratorClient
+
+    client = OrchestratorClient(fleet.url, timeout=30)
+    experiments = []
+    for experiment in soak.experiments:
+        summary = client.experiment(experiment["id"])
+        entry = {"id": experiment["id"], "kind": experiment["kind"], "state": summary["state"],
+                 "reason": summary.get("reason", ""), "failures": len(summary.get("failures", [])),
+                 "grid": f"{summary['rows']}×{summary['cols']}"}  # fmt: skip
+        entry.update(judge_run(Path(summary["run_dir"]), summary, args.iterations))
+        experiments.append(entry)
+    restarts = [k["restart_s"] for k in soak.kills if k.get("restart_s") is not None]
+    longest_restart = max(restarts, default=0.0)
+    report: dict[str, Any] = {
+        "seed": args.seed, "duration_s": args.duration, "period_s": args.period,
+        "kills": soak.kills, "experiments": experiments,
+        "longest_restart_s": longest_restart,
+        "longest_stall_s": round(soak.longest_stall, 1),
+        "stall_at_s": round(soak.stall_at - soak.started, 1) if soak.stall_at else None,
+        "dead_letters": dead_letters(fleet.servers.broker_url),
+        "queues_waiting": waiting(fleet.servers),
+        "memory_mib": memory(fleet),
+    }  # fmt: skip
+    problems = []
+    for e in experiments:
+        if e["state"] != "finished":
+            problems.append(f"{e['id']} {e['state']}: {e['reason']}")
+        for what in ("records_twice", "records_missing"):
+            if e[what]:
+                problems.append(f"{e['id']}: {e[what]} {what.replace('_', ' ')}")
+        if e["checkpoints_corrupt"]:
+            problems.append(f"{e['id']}: checkpoints that do not load: {e['checkpoints_corrupt']}")
+        if e["state"] == "finished" and not (e["result"] and e["samples"] and e["scored"]):
+            problems.append(f"{e['id']}: result {e['result']}, samples {e['samples']}, scored {e['scored']}")
+    if any(k.get("restart_s") is None for k in soak.kills):
+        problems.append("a killed service did not come back (see kills)")
+    if soak.longest_stall > 2 * longest_restart:
+        problems.append(f"a stall of {soak.longest_stall:.0f} s, over twice the longest restart ({longest_restart} s)")
+    for name, m in report["memory_mib"].items():
+        if m["growth"] is not None and m["growth"] > 2:
+            problems.append(f"{name}'s memory grew {m['growth']}×")
+    if not experiments:
+        problems.append("no experiment was submitted")
+    report["problems"] = problems
+    report["ok"] = not problems
+    return report
+
+
+def print_verdict(report: dict[str, Any]) -> None:
+    print(f"\nchaos soak, seed {report['seed']}: {report['duration_s']} s, a kill every {report['period_s']} s")
+    print("\n| t (s) | killed | back in (s) | cells lost |\n| ---: | --- | ---: | ---: |")
+    for k in report["kills"]:
+        print(f"| {k['t']} | {k['service']} | {k.get('restart_s')} | {k.get('cells_lost', '')} |")
+    print("\n| experiment | state | grid | epochs | records | twice | missing | checkpoints (corrupt) | result | samples | scored |")  # fmt: skip
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |")
+    for e in report["experiments"]:
+        print(f"| {e['kind']} {e['id']} | {e['state']} | {e['grid']} | {e['epochs']} | {e['records']} | "
+              f"{e['records_twice']} | {e['records_missing']} | {e['checkpoints_loaded']} ({len(e['checkpoints_corrupt'])}) | "
+              f"{e['result']} | {e['samples']} | {e['scored']} |")  # fmt: skip
+    print(f"\nlongest stall {report['longest_stall_s']} s (at {report['stall_at_s']} s); longest restart {report['longest_restart_s']} s")  # fmt: skip
+    print(
+        f"dead-lettered: {report['dead_letters'] or 'none'}; waiting at the end: {report['queues_waiting'] or 'none'}"
+    )
+    print(
+        "\n| service | MiB at start | after first scored run | at end | growth |\n| --- | ---: | ---: | ---: | ---: |"
+    )
+    for name, m in report["memory_mib"].items():
+        print(f"| {name} | {m.get('start')} | {m.get('first_scored')} | {m.get('end')} | {m['growth']} |")
+    print("\nverdict: " + ("ok" if report["ok"] else "FAILED\n- " + "\n- ".join(report["problems"])))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=1800, help="seconds of kills (then the last experiment finishes)")  # fmt: skip
+    parser.add_argument("--period", type=float, default=120, help="seconds between kills")
+    parser.add_argument("--seed", type=int, default=1, help="draws the kill schedule")
+    parser.add_argument("--kinds", type=lambda text: text.split(","), default=list(KINDS), help=f"what may be killed, of {','.join(KINDS)}")  # fmt: skip
+    parser.add_argument("--blocks", type=int, default=3, help="cell workers with several cells")
+    parser.add_argument("--cells-per-block", type=int, default=4)
+    parser.add_argument("--singles", type=int, default=6, help="cell workers with one cell")
+    parser.add_argument("--iterations", type=int, default=100, help="of each experiment")
+    parser.add_argument("--batches", type=int, default=50, help="batches per iteration")
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--ttl", type=float, default=5.0, help="heartbeat TTL, seconds")
+    parser.add_argument("--drain", type=float, default=900, help="seconds the last experiment may take after the kills")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="the verdict as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the servers' and runs' folder")
+    args = parser.parse_args()
+    if unknown := set(args.kinds) - set(KINDS):
+        parser.error(f"--kinds: {', '.join(sorted(unknown))} is none of {', '.join(KINDS)}")
+    work = Path(tempfile.mkdtemp(prefix="chaos-"))
+    servers = Servers(work / "servers").start()
+    fleet = Fleet(work, servers, args)
+    soak = Soak()
+    monitor = Monitor(fleet, soak)
+    try:
+        fleet.start_all()
+        soak.started = time.time()
+        monitor.start()
+        Driver(fleet, soak, monitor, args).run()
+        monitor.halt.set()
+        monitor.sample()
+        report = verdict(soak, fleet, args)
+    finally:
+        monitor.halt.set()
+        fleet.stop()
+        if args.keep:
+            print(f"kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+    print_verdict(report)
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
