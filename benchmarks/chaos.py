@@ -8,13 +8,13 @@ It starts a RabbitMQ and a Redis of its own (throwaway, as the tests start them:
 are never contacted), an orchestrator, a scorer, a dashboard and cell workers (`--blocks` of
 `--cells-per-block` cells each, and `--singles` of one), and submits experiments one after another
 — ring 3×3 and grid 4×4 in turn, `on_failure: auto` with a `min_cells`, each `--iterations` long —
-until `--duration` has passed. Every `--period` seconds it kills one service chosen by the seed —
-a cell worker, the orchestrator, the scorer, the dashboard, Redis or RabbitMQ — and starts it
-again, as a Deployment or a systemd unit would (each kind once a round, in an order the seed
-draws): the servers on their port with their data folder
-(RabbitMQ keeps its durable queues, Redis keeps nothing), the services with their arguments, a
-cell worker under a new id (the orchestrator sees a new spare; spares and shrinking stand in for
-the dead one). Then it lets the last experiment finish and judges:
+until `--duration` has passed. Every `--period` seconds it SIGKILLs one service — a cell worker
+(one training a cell when there is one), the orchestrator, the scorer, the dashboard, Redis or
+RabbitMQ; each kind once a round, in an order the seed draws — and starts it again, as a
+Deployment or a systemd unit would: the servers on their port with their data folder (RabbitMQ
+keeps its durable queues, Redis keeps nothing), the services with their arguments, a cell worker
+under a new id (the orchestrator sees a new spare; spares and shrinking stand in for the dead
+one). Then it lets the last experiment finish and judges:
 
 - experiments submitted / finished / failed (with the reason), each with its epochs and failures;
 - iterations recorded per cell: none twice, none missing in the final layout since its epoch began;
@@ -400,16 +400,16 @@ class Driver:
         if not self.deck:  # every kind once a round, in an order the seed draws
             self.deck = self.rng.sample(self.args.kinds, len(self.args.kinds))
         kind = self.deck.pop()
-        name = self.rng.choice(sorted(self.fleet.workers)) if kind == "cell" else kind
-        entry: dict[str, Any] = {"t": round(time.time() - self.soak.started, 1), "kind": kind, "service": name}
         before = state_of(self.client, self.current["id"]) if self.current and "ended" not in self.current else None
+        name = self.rng.choice(self.cell_victims(before)) if kind == "cell" else kind
+        entry: dict[str, Any] = {"t": round(time.time() - self.soak.started, 1), "kind": kind, "service": name}
         killed = time.time()
         if kind == "cell":
             _cells, generation = self.fleet.workers[name]
             worker = f"{name}-g{generation}"
             self.fleet.kill(name)
             self.fleet.start(name)  # a new spare at once, as a restarted pod
-            held = [c for c, slot in (before or {}).get("cells", {}).items() if slot.rsplit("/", 1)[0] == worker]
+            held = self.held(before, worker)
             entry.update(worker=worker, cells_lost=len(held))
             if held:
                 entry["restart_s"] = self.replaced(worker, killed)
@@ -424,6 +424,20 @@ class Driver:
                 entry.update(restart_s=None, error=str(error))
         self.soak.kills.append(entry)
         log(f"killed {name}: back in {entry['restart_s']} s" + (f", {entry['cells_lost']} cells lost" if kind == "cell" else ""))  # fmt: skip
+
+    def cell_victims(self, summary: dict[str, Any] | None) -> list[str]:
+        """The cell workers training a cell now (a spare's death tests little), else all of them."""
+        busy = [name for name, (_, generation) in sorted(self.fleet.workers.items()) if self.held(summary, f"{name}-g{generation}")]  # fmt: skip
+        return busy or sorted(self.fleet.workers)
+
+    @staticmethod
+    def held(summary: dict[str, Any] | None, worker: str) -> list[str]:
+        """The cells `worker` held and had not finished (a finished one's result is collected)."""
+        if summary is None:
+            return []
+        collected = Path(summary["run_dir"]) / "collected"
+        return [cell for cell, slot in summary["cells"].items()
+                if slot.rsplit("/", 1)[0] == worker and not (collected / cell).exists()]  # fmt: skip
 
     def replaced(self, worker: str, killed: float) -> float | None:
         """Seconds from the kill until no cell of the current experiment is held by `worker`."""

@@ -417,7 +417,10 @@ class DistributedConfig(_Strict):
         "a worker goes back to 5 s between assignments)",
     )
     neighbour_timeout: float = Field(
-        60.0, gt=0, le=86_400, description="seconds a cell waits for a neighbour's snapshot before going on without it"
+        60.0,
+        gt=0,
+        le=86_400,
+        description="seconds a cell waits for its neighbours' snapshots (all of them together) before going on without the silent ones",
     )
     max_snapshot_bytes: int = Field(
         64 * 1024 * 1024,
