@@ -50,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the throwaway servers the tests use (standard library only)
 
+from control_plane import wait  # noqa: E402 — a sibling script: benchmarks/ is on the path
 from servers import Servers, free_port, listening  # noqa: E402
 
 KINDS = ("cell", "orchestrator", "scorer", "dashboard", "redis", "rabbitmq")
@@ -230,19 +231,6 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 process.kill()
         self.servers.stop()
-
-
-def wait(condition: Any, timeout: float, what: str) -> None:
-    deadline, last = time.monotonic() + timeout, ""
-    while True:
-        try:
-            if condition():
-                return
-        except Exception as error:  # noqa: BLE001 — still starting (connection refused, 5xx): ask again
-            last = f" (last: {error})"
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f} s for {what}{last}")
-        time.sleep(0.25)
 
 
 # ---- experiments --------------------------------------------------------------------------------
