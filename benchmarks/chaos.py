@@ -307,8 +307,9 @@ def state_of(client: Any, experiment: str) -> dict[str, Any] | None:
         return None
 
 
-def scored(fleet: Fleet, summary: dict[str, Any]) -> bool:
-    scores = Path(summary["run_dir"]) / "scores.json"
+def scored(run_dir: Path) -> bool:
+    """Whether the scorer's "best" result has reached the run's scores.json."""
+    scores = run_dir / "scores.json"
     try:
         return "best" in json.loads(scores.read_text())
     except (OSError, ValueError):
@@ -375,14 +376,10 @@ class Driver:
     def note_scores(self) -> None:
         """Memory is compared between like moments: an experiment finished and scored."""
         for experiment in self.soak.experiments:
-            if experiment.get("state") == "finished" and "scored" not in experiment:
-                try:
-                    done = "best" in json.loads((Path(experiment["run_dir"]) / "scores.json").read_text())
-                except (OSError, ValueError):
-                    done = False
-                if done:
-                    experiment["scored"] = time.time()
-                    self.monitor.mark("first_scored", trained_in(Path(experiment["run_dir"])))
+            run_dir = Path(experiment.get("run_dir", "."))
+            if experiment.get("state") == "finished" and "scored" not in experiment and scored(run_dir):
+                experiment["scored"] = time.time()
+                self.monitor.mark("first_scored", trained_in(run_dir))
 
     def kill_one(self) -> None:
         if not self.deck:  # every kind once a round, in an order the seed draws
