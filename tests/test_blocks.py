@@ -70,6 +70,25 @@ def test_uneven_workers_each_get_a_connected_patch_and_the_grid_is_covered_once(
         assert len(block) == 1 or all(any(n in block for n in grid.neighbours(c)) for c in block)
 
 
+@pytest.mark.parametrize("kind", ["von_neumann", "moore"])
+def test_the_bands_left_untried_would_not_have_won(kind: str) -> None:
+    # place_blocks tries bands up to twice the largest block; trying all of them chooses the same.
+    def every_band(topology: Topology, sizes: list[int]) -> list[list[Coord]]:
+        def key(band: int) -> tuple[int, int]:
+            blocks = runs(snake(topology.rows, topology.cols, band), sizes)
+            return cut_pairs(topology, blocks), sum(len({c.row for c in b}) + len({c.col for c in b}) for b in blocks)
+
+        best = min(range(1, topology.rows + 1), key=key)  # the first of equals, as place_blocks
+        return [b for b in runs(snake(topology.rows, topology.cols, best), sizes) if b]
+
+    for rows, cols in [(1, 5), (2, 2), (3, 7), (5, 5), (8, 6), (12, 12), (16, 9)]:
+        topology = Topology(rows, cols, kind, 0)
+        for sizes in ([k] * -(-rows * cols // k) for k in (1, 2, 3, 4, 5, 8)):
+            assert place_blocks(topology, sizes) == every_band(topology, sizes), (rows, cols, sizes[0])
+        uneven = [1 + (i * 7) % 5 for i in range(rows * cols)]
+        assert place_blocks(topology, uneven) == every_band(topology, uneven), (rows, cols, "uneven")
+
+
 def test_the_snake_walks_each_band_down_and_up() -> None:
     assert snake(2, 3, 2) == [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2), (1, 2)]
 

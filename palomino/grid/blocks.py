@@ -34,16 +34,22 @@ def runs(order: Sequence[Coord], sizes: Sequence[int]) -> list[list[Coord]]:
     return out
 
 
-def cut_pairs(topology: Topology, blocks: Sequence[Sequence[Coord]]) -> int:
-    """Neighbour pairs (each counted once) whose two cells are in different blocks."""
+def neighbour_pairs(topology: Topology) -> list[tuple[Coord, Coord]]:
+    """Every pair of neighbouring cells once (neighbourhoods on the torus are symmetric)."""
+    return [(coord, other) for coord in topology.cells() for other in topology.neighbours(coord) if other > coord]
+
+
+def cut_pairs(
+    topology: Topology, blocks: Sequence[Sequence[Coord]], pairs: Sequence[tuple[Coord, Coord]] | None = None
+) -> int:
+    """Neighbour pairs (each counted once) whose two cells are in different blocks; `pairs`:
+    neighbour_pairs(topology), when the caller has it already."""
     owner = {coord: index for index, block in enumerate(blocks) for coord in block}
-    pairs = {
-        frozenset((coord, other))
-        for coord in owner
-        for other in topology.neighbours(coord)
-        if other in owner and owner[other] != owner[coord]
-    }
-    return len(pairs)
+    cut = 0
+    for a, b in neighbour_pairs(topology) if pairs is None else pairs:
+        if a in owner and b in owner and owner[a] != owner[b]:
+            cut += 1
+    return cut
 
 
 def place_blocks(topology: Topology, sizes: Sequence[int]) -> list[list[Coord]]:
@@ -53,10 +59,14 @@ def place_blocks(topology: Topology, sizes: Sequence[int]) -> list[list[Coord]]:
         raise ValueError(f"every worker hosts at least one cell, got sizes {list(sizes)}")
     best: list[list[Coord]] | None = None
     best_key = (0, 0)
-    for band in range(1, topology.rows + 1):
+    pairs = neighbour_pairs(topology)  # once: every band height is judged on the same pairs
+    # A band taller than twice the largest block only lays blocks out as column runs that band =
+    # that block's size lays out already (and that wins ties, coming first): not tried, so a 64×64
+    # grid of single-cell workers weighs 2 bands, not 64.
+    for band in range(1, min(topology.rows, 2 * max(sizes, default=1)) + 1):
         blocks = runs(snake(topology.rows, topology.cols, band), sizes)
         # Ties (strips and squares cut as many pairs on a von Neumann torus) go to the squarer patches.
-        key = (cut_pairs(topology, blocks), sum(_span(block) for block in blocks))
+        key = (cut_pairs(topology, blocks, pairs), sum(_span(block) for block in blocks))
         if best is None or key < best_key:
             best, best_key = blocks, key
     assert best is not None

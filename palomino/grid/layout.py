@@ -36,9 +36,10 @@ def relayout(current: dict[Coord, str], survivors: list[str], rows: int, cols: i
     placed: dict[Coord, str] = {
         coord: worker for coord, worker in current.items() if worker in alive and coord[0] < rows and coord[1] < cols
     }
-    waiting = [w for w in survivors if w not in placed.values()]
+    staying = set(placed.values())
+    waiting = iter([w for w in survivors if w not in staying])
     for row in range(rows):
         for col in range(cols):
-            if Coord(row, col) not in placed and waiting:
-                placed[Coord(row, col)] = waiting.pop(0)
+            if Coord(row, col) not in placed and (worker := next(waiting, None)) is not None:
+                placed[Coord(row, col)] = worker
     return dict(sorted(placed.items()))
