@@ -36,6 +36,15 @@ class Register(_Message):
     slots: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=MAX_CELLS_PER_WORKER)
 
 
+class Hello(_Message):
+    """The orchestrator sees a live slot it does not know (it restarted, or a Register was lost):
+    register now. Idle slots register at a falling rate, so this is how a restarted orchestrator
+    finds its spares at once."""
+
+    kind: Literal["hello"] = "hello"
+    worker: str
+
+
 class Assign(_Message):
     """Train cell `coord` of a rows×cols grid; the payload, if any, is the checkpoint to restore."""
 
@@ -126,7 +135,7 @@ class Failed(_Message):
 
 
 ControlMessage = Annotated[
-    Register | Assign | Resize | Stop | Metrics | Samples | Checkpoint | Done | DoneAck | Failed,
+    Register | Hello | Assign | Resize | Stop | Metrics | Samples | Checkpoint | Done | DoneAck | Failed,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

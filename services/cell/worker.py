@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import uuid
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from typing import Any
 
 from palomino.errors import PalominoError
@@ -25,14 +25,18 @@ from palomino.services.cell.block import Block, Links
 from palomino.services.cell.done_delivery import DoneDelivery
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
-from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
-from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, Done, DoneAck, Register, Resize, Stop
+from palomino.transport.redis_liveness import RedisLiveness, liveness_key
+from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, Done, DoneAck, Hello, Register, Resize, Stop
 
 log = logging.getLogger(__name__)
 
 IDLE_TTL = 5.0  # seconds a heartbeat lasts between assignments (an assignment sets its experiment's)
 HEARTBEAT_PERIOD = 1.0
+# Idle slots announce themselves again after 2 s, then 4, 8, … up to 30 s while nothing changes
+# (1,024 workers every 2 s were 512 messages a second); an orchestrator missing one asks (Hello).
 REGISTER_PERIOD = 2.0
+REGISTER_PERIOD_MAX = 30.0
+HELLO_GAP = 0.5  # seconds at least between two Registers
 SETTLE = 0.3  # seconds without a new Assign before the ones that came start as one block
 SETTLE_MAX = 3.0
 DONE_SETTLE = 10.0  # seconds a leaving worker waits for its Dones' acknowledgements
@@ -61,6 +65,7 @@ class CellWorker:
         self._ttl = dict.fromkeys(self.slots, IDLE_TTL)
         self._arrived = asyncio.Event()
         self._wake = asyncio.Event()
+        self._hello = asyncio.Event()  # the orchestrator asked for a Register
         self.control: ControlChannel | None = None  # connected by run()
         self.liveness: RedisLiveness | None = None
         self.dones = DoneDelivery(self._send_done)
@@ -81,7 +86,7 @@ class CellWorker:
             channel = ControlChannel(settings.broker_url, cell_address(self.worker), key=settings.signer, also=others)
             self.control = await channel.connect()
             stack.push_async_callback(channel.close)
-            self.liveness = RedisLiveness(settings.redis_url, liveness_prefix(settings.namespace))
+            self.liveness = RedisLiveness(settings.redis_url, liveness_key(settings.namespace))
             stack.push_async_callback(self.liveness.close)
             await self.control.listen(self._on_control)
             for loop in (self._heartbeats(), self._registrations(), self.dones.run()):
@@ -135,6 +140,7 @@ class CellWorker:
             if self.busy(slot) is None and slot not in self._assigned:
                 self._ttl[slot] = IDLE_TTL
         self._wake.set()
+        self._hello.set()  # spares again: say so now
 
     def _links(self) -> Links:
         def take_resize(slot: str) -> Resize | None:
@@ -163,10 +169,13 @@ class CellWorker:
 
     async def _registrations(self) -> None:
         # Idle slots keep announcing themselves: the orchestrator counts a slot as a spare only
-        # once it has said so, and a restarted orchestrator finds its spares again.
+        # once it has said so. At a falling rate while nothing changes; at once when asked (Hello).
         host, pid = socket.gethostname(), os.getpid()
+        period, announced = REGISTER_PERIOD, None
         while True:
             idle = [slot for slot in self.slots if self.busy(slot) is None and slot not in self._assigned]
+            if idle != announced:  # slots came free (or were taken): soon again
+                period, announced = REGISTER_PERIOD, idle
             if idle:  # one message for all of them
                 register = Register(
                     worker=idle[0], slots=idle[1:], host=host, pid=pid, device=self.device, block=self.worker
@@ -175,7 +184,11 @@ class CellWorker:
                     await self.control.send(self.orchestrator, register)
                 except PalominoError as error:
                     log.warning("registration failed: %s", error)
-            await asyncio.sleep(REGISTER_PERIOD)
+            await asyncio.sleep(HELLO_GAP)  # a process's slots asked together: one answer
+            self._hello.clear()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._hello.wait(), period - HELLO_GAP)
+            period = min(period * 2, REGISTER_PERIOD_MAX)
 
     async def _on_control(self, message: Any, payload: bytes) -> None:
         if isinstance(message, Assign) and message.worker in self._ttl:
@@ -189,6 +202,8 @@ class CellWorker:
                 self._resizes[message.worker] = message
         elif isinstance(message, DoneAck):
             self.dones.acknowledged(message)
+        elif isinstance(message, Hello) and message.worker in self._ttl:
+            self._hello.set()
         elif isinstance(message, Stop):
             for block in self._blocks.values():
                 if block.experiment == message.experiment:
