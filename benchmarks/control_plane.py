@@ -182,9 +182,11 @@ class SimulatedBlock:
             await self._send(message, payload)
 
     async def _send(self, message: Any, payload: bytes = b"") -> None:
+        from palomino.transport.control_channel import checkpoints_address
         from palomino.wire.control_messages import encode_control
 
-        await self.links.control.send(self.links.orchestrator, message, payload)
+        to = self.links.orchestrator
+        await self.links.control.send(checkpoints_address(to) if message.kind == "checkpoint" else to, message, payload)
         self.plan.count(message.kind, len(encode_control(message, payload)))
 
     async def _done(self, slot: str, cell: SimulatedCell) -> None:
@@ -203,6 +205,7 @@ class SimulatedBlock:
 
 async def simulate(prefix: str, workers: int, cells: int, plan_dir: Path, log: Any) -> None:
     """`workers` simulated workers of `cells` slots each, until SIGTERM (or SIGKILL); events to `log`."""
+    from palomino.io import atomic_write
     from palomino.services.cell.worker import CellWorker
     from palomino.services.common.service_settings import ServiceSettings
 
@@ -220,7 +223,7 @@ async def simulate(prefix: str, workers: int, cells: int, plan_dir: Path, log: A
 
     async def write_counts() -> None:
         while True:
-            (plan_dir / f"sent-{prefix}.json").write_text(json.dumps(plan.sent))
+            atomic_write(plan_dir / f"sent-{prefix}.json", json.dumps(plan.sent).encode())  # the driver reads it
             await asyncio.sleep(1.0)
 
     counting = asyncio.create_task(write_counts())
@@ -228,7 +231,7 @@ async def simulate(prefix: str, workers: int, cells: int, plan_dir: Path, log: A
         await asyncio.gather(*(w.run() for w in fleet))
     finally:
         counting.cancel()
-        (plan_dir / f"sent-{prefix}.json").write_text(json.dumps(plan.sent))
+        atomic_write(plan_dir / f"sent-{prefix}.json", json.dumps(plan.sent).encode())
 
 
 # ---- the driver -------------------------------------------------------------------------------

@@ -44,12 +44,13 @@ def mnist_classifier(dataset, seed: int = 0) -> tuple[nn.Module, float]:
 class RecordingControl:
     def __init__(self) -> None:
         self.sent: list[tuple[str, object]] = []
+        self.events: list[tuple[str, dict]] = []
 
     async def send(self, address: str, message: object, payload: bytes = b"") -> None:
         self.sent.append((address, message))
 
     async def event(self, experiment: str, kind: str, body: dict) -> None:
-        pass
+        self.events.append((kind, body))
 
 
 def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:

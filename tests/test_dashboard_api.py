@@ -20,7 +20,7 @@ from conftest import REPO, cli_env, last_line, palomino, tiny, write_yaml
 from palomino.errors import ConfigError
 from palomino.services.common.runfiles import JsonlIndex, RunFiles, RunsFolder
 from palomino.services.dashboard import create_app, dashboard_settings
-from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event
+from palomino.services.dashboard.events import EventHub, MalformedEvent, one_a_record, parse_event
 from palomino.services.dashboard.history import CombinedHistory, OrchestratorHistory, RunsHistory
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -302,6 +302,13 @@ def test_run_state_from_the_files(tmp_path: Path, finished_run: Path) -> None:
         (b'{"experiment": "e1", "kind": "metrics"}', None, "without its record"),
         (b'{"experiment": "e1", "kind": "metrics", "record": {"cell": [0], "iteration": 1}}', None, "cell"),
         (b'{"experiment": "e1", "kind": "metrics", "record": {"cell": [0, 0], "iteration": -1}}', None, "iteration"),
+        (b'{"experiment": "e1", "kind": "metrics", "records": []}', None, "without its record"),
+        (b'{"experiment": "e1", "kind": "metrics", "records": [{"cell": [0, 0], "iteration": 1}, 7]}', None, "records"),
+        (
+            b'{"experiment": "e1", "kind": "metrics", "records": [{"cell": [0, 0], "iteration": 1}, {"cell": [0, 0]}]}',
+            None,
+            "iteration",
+        ),
         (b'{"experiment": "e1", "kind": "state", "state": "running"}', "exp.e2.state", "routing key"),
         (b"{" + b" " * (1 << 20) + b"}", None, "limit"),
     ],
@@ -317,6 +324,17 @@ def test_events_parse_nan_as_null() -> None:
         "exp.e1.metrics",
     )
     assert event["record"]["score"] is None
+
+
+def test_a_metrics_event_of_several_records_reaches_the_browser_as_one_event_a_record() -> None:
+    body = b'{"experiment": "e1", "kind": "metrics", "records": [{"cell": [0, 0], "iteration": 3}, {"cell": [0, 1], "iteration": 3}]}'
+    events = one_a_record(parse_event(body, "exp.e1.metrics"))
+    assert events == [
+        {"experiment": "e1", "kind": "metrics", "record": {"cell": [0, 0], "iteration": 3}},
+        {"experiment": "e1", "kind": "metrics", "record": {"cell": [0, 1], "iteration": 3}},
+    ]
+    state = {"experiment": "e1", "kind": "state", "state": "running"}
+    assert one_a_record(state) == [state]
 
 
 async def test_a_stream_that_falls_behind_is_told_to_resync() -> None:

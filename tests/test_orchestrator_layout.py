@@ -14,7 +14,7 @@ from palomino.grid import Coord
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.orchestrator import Orchestrator
-from palomino.wire.control_messages import Done, Resize
+from palomino.wire.control_messages import Done, Metrics, Resize
 
 
 def test_a_done_sent_just_before_a_shrink_moved_its_worker_counts_where_it_went(tmp_path: Path) -> None:
@@ -63,6 +63,46 @@ def test_every_done_is_acknowledged_and_taken_once(tmp_path: Path, monkeypatch) 
         ("cell.intruder", "race-1", (1, 1), 9),
         ("cell.w9", "gone-1", (0, 0), 9),
     ]
+
+
+def metrics(worker: str, cell: tuple[int, int], iteration: int) -> Metrics:
+    return Metrics(experiment="race-1", worker=worker, record={"cell": list(cell), "iteration": iteration})
+
+
+def test_records_arriving_together_are_written_and_shown_together(tmp_path: Path) -> None:
+    orchestrator, experiment = running_2x2(tmp_path)
+    sent = [metrics(f"w{i}", cell, it) for it in range(3) for i, cell in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)])]
+
+    async def go() -> None:
+        await asyncio.gather(*(orchestrator.on_control(m, b"") for m in sent))  # as the consumer runs them
+        await orchestrator.on_control(sent[5], b"")  # redelivered: taken once
+
+    asyncio.run(go())
+    lines = [(tuple(r["cell"]), r["iteration"]) for r in experiment.run.metrics()]
+    assert lines == [(tuple(m.record["cell"]), m.record["iteration"]) for m in sent]
+    events = [body["records"] for kind, body in orchestrator.control.events if kind == "metrics"]
+    # The first is written alone; the eleven that arrived meanwhile go as one write and one event.
+    assert [len(e) for e in events] == [1, 11]
+    assert orchestrator.counters["metrics_records"] == 12
+
+
+def test_a_rewrite_drops_records_taken_but_not_yet_written(tmp_path: Path) -> None:
+    orchestrator, experiment = running_2x2(tmp_path)
+
+    async def go() -> None:
+        for it in range(4):
+            await orchestrator.on_control(metrics("w0", (0, 0), it), b"")
+        async with experiment.metrics_lock:  # a group being written: what arrives now waits
+            forget = asyncio.create_task(orchestrator.records.forget(experiment, {"0-0": 2, "0-1": 0}))
+            await asyncio.sleep(0)  # the rewrite is next in line
+            late = [asyncio.create_task(orchestrator.on_control(m, b"")) for m in (metrics("w0", (0, 0), 4), metrics("w1", (0, 1), 0))]  # fmt: skip
+            await asyncio.sleep(0)
+        await asyncio.gather(forget, *late)
+
+    asyncio.run(go())
+    # 0-0 redoes iterations 2 and on, 0-1 all of them: the records taken meanwhile went with the rewrite.
+    assert [(r["cell"], r["iteration"]) for r in experiment.run.metrics()] == [([0, 0], 0), ([0, 0], 1)]
+    assert experiment.recorded == {("0-0", 0), ("0-0", 1)}
 
 
 def test_supervision_backs_off_while_redis_refuses(tmp_path: Path) -> None:

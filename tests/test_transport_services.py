@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import struct
 import time
@@ -134,17 +135,20 @@ async def test_a_bad_broker_url_is_a_clear_error() -> None:
 
 
 @pytest.mark.integration
-async def test_liveness_keys_expire_unless_refreshed(redis_url: str) -> None:
-    liveness = RedisLiveness(redis_url, prefix=f"palomino:test:{secrets.token_hex(4)}:")
+async def test_heartbeats_expire_unless_refreshed(redis_url: str) -> None:
+    liveness = RedisLiveness(redis_url, key=f"palomino:test:{secrets.token_hex(4)}:alive")
     try:
         await liveness.heartbeat("a", ttl=0.4)
-        await liveness.heartbeat("b", ttl=5)
-        assert await liveness.alive() == {"a", "b"}
+        await liveness.heartbeat_many(["b", "c/1"], ttl=5)
+        assert await liveness.alive() == {"a", "b", "c/1"}
+        await liveness.heartbeat_many(["c/1"], ttl=0.4)  # the newest beat decides, even a shorter one
 
         async def only_b() -> bool:
             return await liveness.alive() == {"b"}
 
         await wait_until_async(only_b, timeout=5)  # well inside b's TTL
+        await liveness.heartbeat("a", ttl=5)  # back after expiring: alive again
+        assert await liveness.alive() == {"a", "b"}
     finally:
         await liveness.close()
 
@@ -222,6 +226,49 @@ async def test_the_orchestrators_queue_is_capped_and_the_oldest_go_to_the_dead_l
     finally:
         await channel.channel.queue_delete(f"palomino.{address}")
         await channel.close()
+
+
+@pytest.mark.integration
+async def test_checkpoints_wait_for_room_in_their_queue_instead_of_pushing_older_ones_out(broker_url: str) -> None:
+    from palomino.transport.control_channel import (
+        ControlChannel,
+        cell_address,
+        checkpoints_address,
+        orchestrator_address,
+    )
+    from palomino.wire.control_messages import Checkpoint, Register
+
+    token = secrets.token_hex(4)
+    address = orchestrator_address(f"test-{token}")
+    to = checkpoints_address(address)
+    orchestrator = await ControlChannel(broker_url, address, checkpoint_cap=(3, 1024**2)).connect()
+    cell = await ControlChannel(broker_url, cell_address(f"w-{token}"), publish_timeout=30).connect()
+    got: list[int] = []
+
+    async def handler(message, payload: bytes) -> None:
+        got.append(message.iteration)
+
+    def checkpoint(iteration: int) -> Checkpoint:
+        return Checkpoint(experiment="e-1", worker="w", coord=(0, 0), iteration=iteration, meta={})
+
+    try:
+        for i in range(3):  # nobody consumes yet: the queue fills
+            await cell.send(to, checkpoint(i), b"x" * 1000)
+        late = asyncio.create_task(cell.send(to, checkpoint(3), b"x" * 1000))
+        await asyncio.sleep(2)
+        assert not late.done()  # refused, so the cell waits (a drop-head queue would have dropped 0)
+        await orchestrator.listen(handler)
+        await asyncio.wait_for(late, 30)
+        await wait_until_async(lambda: len(got) >= 4)
+        assert got == [0, 1, 2, 3]
+        await cell.send(to, Register(worker="w", host="h", pid=1))  # only checkpoints go there
+        await wait_until_async(lambda: orchestrator.rejected == 1)
+        assert got == [0, 1, 2, 3]
+    finally:
+        for queue in (address, to):
+            await orchestrator.channel.queue_delete(f"palomino.{queue}")
+        await orchestrator.close()
+        await cell.close()
 
 
 @pytest.mark.integration

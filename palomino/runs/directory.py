@@ -210,6 +210,12 @@ class RunDirectory:
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append(self.metrics_path, record)
 
+    def append_metrics_many(self, records: list[dict[str, Any]]) -> None:
+        """Several records in one write (the orchestrator writes what arrived together)."""
+        lines = [json.dumps(finite_json(r), allow_nan=False, default=_jsonable) + "\n" for r in records]
+        with open(self.metrics_path, "a") as handle:
+            handle.write("".join(lines))
+
     def append_topology(
         self, topology: Topology, assignment: dict[str, str], classes: dict[str, dict[str, int]] | None = None
     ) -> None:

@@ -2,6 +2,9 @@
 
 Addresses are routing keys: `orchestrator`, or `cell.<worker>`. The orchestrator's queue
 is durable (messages wait across its restart); a cell's is exclusive to its connection.
+Checkpoints travel to the orchestrator by a durable queue of their own, `checkpoints`, that
+refuses more past its cap (the cell's publish waits and retries: back-pressure) where the
+control queue drops its oldest: a checkpoint is never thrown away to make room.
 Malformed bodies are dead-lettered and logged; the listener keeps going.
 """
 
@@ -43,12 +46,20 @@ ORCHESTRATOR = "orchestrator"
 NAMESPACED_EXPIRY_MS = 24 * 3600 * 1000  # a namespace's durable queues go a day after their last user
 # What may wait for a stopped orchestrator: past it the oldest messages are dead-lettered.
 ORCHESTRATOR_QUEUE_CAP = (100_000, 2 * 1024**3)
+CHECKPOINTS = "checkpoints"
+# What checkpoints may wait for the orchestrator: past it new ones are refused until it catches up.
+CHECKPOINT_QUEUE_CAP = (100_000, 2 * 1024**3)
 SIDE_CHANNELS = 8  # a channel answers one call at a time: a recovery's lookups share these
 
 
 def orchestrator_address(namespace: str = "") -> str:
     """The orchestrator's routing key (and queue `palomino.<address>`) in a namespace."""
     return f"{ORCHESTRATOR}.{namespace}" if namespace else ORCHESTRATOR
+
+
+def checkpoints_address(orchestrator: str) -> str:
+    """Where cells send checkpoints for the orchestrator at `orchestrator` (a queue of their own)."""
+    return CHECKPOINTS + orchestrator.removeprefix(ORCHESTRATOR)
 
 
 Handler = Callable[[ControlMessage, bytes], Awaitable[None]]
@@ -66,11 +77,13 @@ class ControlChannel:
         *,
         publish_timeout: float = 120.0,
         cap: tuple[int, int] = ORCHESTRATOR_QUEUE_CAP,
+        checkpoint_cap: tuple[int, int] = CHECKPOINT_QUEUE_CAP,
         key: MessageKey | None = None,
         also: list[str] | tuple[str, ...] = (),
     ) -> None:
         self.also = list(also)  # further addresses this queue takes (a multi-cell worker's other slots)
         self.url, self.address, self.publish_timeout, self.cap, self.key = url, address, publish_timeout, cap, key
+        self.checkpoint_cap = checkpoint_cap
         self.in_flight = InFlight()
         self._guard = Guard(log)
         self._connection: AbstractRobustConnection | None = None
@@ -78,6 +91,7 @@ class ControlChannel:
         self._exchange: AbstractExchange
         self._events: AbstractExchange
         self._queue: AbstractQueue
+        self._checkpoints: AbstractQueue | None = None  # the orchestrator's only
         self._side: list[AbstractChannel] = []
         self._turn = 0
         self._opening = asyncio.Lock()
@@ -108,10 +122,13 @@ class ControlChannel:
         await declare_dead_letters(channel)
         name = f"palomino.{self.address}"
         if self.address.split(".")[0] == ORCHESTRATOR:  # durable, bounded: messages wait across its restart
-            arguments = capped(*self.cap)
-            if self.address != ORCHESTRATOR:
-                arguments["x-expires"] = NAMESPACED_EXPIRY_MS
+            namespaced = {"x-expires": NAMESPACED_EXPIRY_MS} if self.address != ORCHESTRATOR else {}
+            arguments = capped(*self.cap) | namespaced
             self._queue = await declare_durable(self._connection, channel, name, arguments)
+            address = checkpoints_address(self.address)
+            arguments = capped(*self.checkpoint_cap, overflow="reject-publish") | namespaced
+            self._checkpoints = await declare_durable(self._connection, channel, f"palomino.{address}", arguments)
+            await self._checkpoints.bind(self._exchange, routing_key=address)
         else:  # a cell's: exclusive to its connection
             self._queue = await channel.declare_queue(
                 name, exclusive=True, arguments={"x-dead-letter-exchange": DEAD_EXCHANGE}
@@ -139,9 +156,24 @@ class ControlChannel:
                 what = f"a control message to {self.address}"
                 await self._guard(message, what, decode, handle, label=lambda decoded: decoded[0].kind)
 
-        await self._queue.consume(on_message)
+        def checkpoint(message: AbstractIncomingMessage) -> tuple[ControlMessage, bytes]:
+            decoded = decode(message)
+            if decoded[0].kind != "checkpoint":
+                raise ValueError(f"a {decoded[0].kind} message in the checkpoints queue (only checkpoints go there)")
+            return decoded
 
-    async def send(self, to: str, message: ControlMessage, payload: bytes = b"") -> None:
+        async def on_checkpoint(message: AbstractIncomingMessage) -> None:
+            with self.in_flight:
+                what = f"a checkpoint to {self.address}"
+                await self._guard(message, what, checkpoint, handle, label=lambda decoded: decoded[0].kind)
+
+        await self._queue.consume(on_message)
+        if self._checkpoints is not None:
+            await self._checkpoints.consume(on_checkpoint)
+
+    async def send(self, to: str, message: ControlMessage, payload: bytes = b"", timeout: float | None = None) -> None:
+        """Persistent and confirmed; retried for `timeout` s (publish_timeout unless given) while the
+        broker is away or the queue refuses more."""
         body = encode_control(message, payload)
         # Persistent: what waits in the orchestrator's durable queue survives a broker restart.
         envelope = aio_pika.Message(
@@ -150,7 +182,7 @@ class ControlChannel:
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers=sign_headers(self.key, to, body),
         )
-        await publish_with_retry(self._exchange, envelope, to, self.url, self.publish_timeout)
+        await publish_with_retry(self._exchange, envelope, to, self.url, timeout or self.publish_timeout)
 
     async def event(self, experiment: str, kind: str, body: dict[str, Any]) -> None:
         """A JSON event on `palomino.events`, key `exp.<exp>.<kind>` (dashboards follow these)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -76,12 +77,21 @@ class Links:
 
 
 class SlotsLiveness:
-    """The loops' heartbeats, for every slot of the block (their cells iterate together)."""
+    """The loops' heartbeats, for every slot of the block (their cells iterate together): one
+    command for all of them, at most one per BEAT_GAP — K untiled cells each beating for all K
+    slots every iteration would be K² entries written."""
+
+    BEAT_GAP = 0.5  # seconds; the worker's own beat runs every second whatever the loops do
 
     def __init__(self, liveness: Any, slots: Callable[[], list[str]]) -> None:
         self.liveness, self.slots = liveness, slots
+        self._last: tuple[float, float] | None = None  # (when, ttl) of the last beat sent
 
     async def heartbeat(self, worker: str, ttl: float) -> None:
+        now = time.monotonic()
+        if self._last is not None and self._last[1] == ttl and now - self._last[0] < self.BEAT_GAP:
+            return
+        self._last = (now, ttl)
         await self.liveness.heartbeat_many(self.slots(), ttl)
 
     async def alive(self) -> set[str]:

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from palomino.grid import Coord
-from palomino.transport.control_channel import ControlChannel
+from palomino.transport.control_channel import ControlChannel, checkpoints_address
 from palomino.wire.control_messages import Checkpoint, Metrics, Samples
+
+# Seconds a checkpoint may wait for room in its queue (a whole grid's last checkpoints arrive at once).
+CHECKPOINT_PUBLISH_TIMEOUT = 600.0
 
 
 class ControlRecorder:
@@ -55,4 +58,6 @@ class ControlRecorder:
         message = Checkpoint(
             experiment=self.experiment, worker=worker, coord=tuple(coord), iteration=iteration, meta=meta
         )
-        await self.control.send(self.orchestrator, message, payload)
+        # Its own queue, which refuses rather than drops: a full one makes this wait (back-pressure).
+        address = checkpoints_address(self.orchestrator)
+        await self.control.send(address, message, payload, timeout=CHECKPOINT_PUBLISH_TIMEOUT)

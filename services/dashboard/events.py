@@ -1,7 +1,8 @@
 """Events for the browser: validated at the boundary, fanned out to every open stream, sent in batches.
 
 An event is the JSON body of `palomino.events` — {"experiment", "kind", ...} with kind `state`,
-`metrics` ({"record": one metrics.jsonl line}), `topology` (the experiment summary) or `score` —
+`metrics` ({"record": one metrics.jsonl line}, or {"records": [...]}: the orchestrator sends what
+it wrote together as one event, shown as one event a record), `topology` (the experiment summary) or `score` —
 whether it came from RabbitMQ or from a run directory being written. The dashboard adds
 `reload` (a run's metrics were rewritten: fetch its history again) and `resync` (this stream
 fell behind and lost events: fetch again).
@@ -69,9 +70,11 @@ def parse_event(body: bytes, routing_key: str | None = None) -> dict[str, Any]:
     try:
         event = _Event.model_validate(data)
         if event.kind == "metrics":
-            if not isinstance(data.get("record"), dict):
-                raise MalformedEvent("a metrics event without its record")
-            _Record.model_validate(data["record"])
+            records = data.get("records", [data.get("record")])
+            if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
+                raise MalformedEvent("a metrics event without its record (an object) or records (a list of them)")
+            for record in records:
+                _Record.model_validate(record)
     except ValidationError as error:
         first = error.errors()[0]
         raise MalformedEvent(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
@@ -86,6 +89,14 @@ def parse_event(body: bytes, routing_key: str | None = None) -> dict[str, Any]:
             f"routing key {routing_key!r} does not match experiment {event.experiment!r}, kind {event.kind!r}"
         )
     return data
+
+
+def one_a_record(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """A metrics event of several records as one event each (the browser's form); others as they are."""
+    if event["kind"] != "metrics" or "records" not in event:
+        return [event]
+    head = {k: v for k, v in event.items() if k != "records"}
+    return [{**head, "record": record} for record in event["records"]]
 
 
 def valid_record(record: Any) -> bool:

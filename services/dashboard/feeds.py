@@ -18,7 +18,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from palomino.services.common.runfiles import RunsFolder
-from palomino.services.dashboard.events import EventHub, MalformedEvent, parse_event, valid_record
+from palomino.services.dashboard.events import EventHub, MalformedEvent, one_a_record, parse_event, valid_record
 from palomino.transport.control_channel import EVENTS_EXCHANGE
 from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, redact
@@ -68,7 +68,8 @@ class BrokerFeed:
 
     async def _show(self, event: dict[str, Any]) -> None:
         self.received += 1
-        self.hub.publish(event)
+        for one in one_a_record(event):
+            self.hub.publish(one)
 
     @property
     def connected(self) -> bool:

@@ -24,13 +24,14 @@ from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, TooBusy, Worker
 from palomino.services.orchestrator.experiment_store import read_states
 from palomino.services.orchestrator.placement import Placement
+from palomino.services.orchestrator.records import RecordWriter
 from palomino.services.orchestrator.recovery import Recovery
 from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
 from palomino.services.orchestrator.supervision import Supervisor
 from palomino.services.orchestrator.trust import untrusted
 from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
-from palomino.transport.redis_liveness import RedisLiveness, liveness_prefix
+from palomino.transport.redis_liveness import RedisLiveness, liveness_key
 from palomino.transport.score_queue import RESULTS_QUEUE, ScoreQueue, score_queue_name
 from palomino.wire.control_messages import Checkpoint, Done, DoneAck, Failed, Metrics, Register, Samples
 
@@ -43,7 +44,7 @@ async def preflight(settings: ServiceSettings) -> None:
 
     connection = await connect(settings.broker_url)
     await connection.close()
-    liveness = RedisLiveness(settings.redis_url, liveness_prefix(settings.namespace))
+    liveness = RedisLiveness(settings.redis_url, liveness_key(settings.namespace))
     try:
         await liveness.alive()
     finally:
@@ -53,7 +54,8 @@ async def preflight(settings: ServiceSettings) -> None:
 class Orchestrator:
     def __init__(self, settings: ServiceSettings, runs: Path) -> None:
         self.shared = Shared(settings, Path(runs))
-        self.placement = Placement(self.shared)
+        self.records = RecordWriter(self.shared)
+        self.placement = Placement(self.shared, self.records)
         self.results = Results(self.shared, self.placement)
         self.recovery = Recovery(self.shared, self.placement, self.results)
         self.supervisor = Supervisor(self.shared, self.placement, self.recovery)
@@ -113,7 +115,7 @@ class Orchestrator:
         channel = ControlChannel(settings.broker_url, orchestrator_address(namespace), key=key)
         shared.control = await channel.connect()
         self._stack.push_async_callback(channel.close)
-        shared.liveness = RedisLiveness(settings.redis_url, liveness_prefix(namespace))
+        shared.liveness = RedisLiveness(settings.redis_url, liveness_key(namespace))
         self._stack.push_async_callback(shared.liveness.close)
         self._reload_experiments()  # before the first message: Done and Metrics waiting in the queue must find their experiment
         await shared.control.listen(self.on_control)
@@ -214,21 +216,13 @@ class Orchestrator:
         if experiment.finished:
             return  # late messages of an ended experiment
         if isinstance(message, Metrics):
-            key = (cell_name(message.record.get("cell", [])), int(message.record.get("iteration", -1)))
-            async with experiment.metrics_lock:  # not while a replacement rewrites the file
-                if key in experiment.recorded:
-                    return  # redelivered after a broker reconnect
-                experiment.recorded.add(key)
-                experiment.run.append_metrics(message.record)
-            self.shared.boards.metrics(experiment, message.record)
-            self.shared.counters["metrics_records"] += 1
-            await self.shared.event(experiment, "metrics", {"record": message.record})
-        elif isinstance(message, Samples):
+            await self.records.take(experiment, message.record)  # acknowledged once on disk
+        elif isinstance(message, Samples):  # files written off the event loop (each is fsynced)
             if message.real:
                 if not experiment.run.real_samples_path.exists():
-                    experiment.run.write_real_samples(payload)
+                    await asyncio.to_thread(experiment.run.write_real_samples, payload)
             else:
-                experiment.run.write_samples(Coord(*message.coord), message.iteration, payload)
+                await asyncio.to_thread(experiment.run.write_samples, Coord(*message.coord), message.iteration, payload)
                 cell = cell_name(message.coord)
                 await asyncio.to_thread(self.shared.boards.samples, experiment, cell, message.iteration, payload)
         elif isinstance(message, Failed) and message.worker in experiment.cells.values():

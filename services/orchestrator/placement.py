@@ -12,11 +12,12 @@ from typing import TypeVar
 from aiormq.exceptions import AMQPError
 
 from palomino.errors import PalominoError
-from palomino.grid import Coord, Topology, cell_name, rectangle
+from palomino.grid import Coord, Topology, rectangle
 from palomino.grid.blocks import place_blocks
 from palomino.runs.checkpoints import newest_valid
 from palomino.services.common.states import State
 from palomino.services.orchestrator.experiment import Experiment, class_layout
+from palomino.services.orchestrator.records import RecordWriter
 from palomino.services.orchestrator.shared import Shared
 from palomino.transport.control_channel import cell_address
 from palomino.transport.rabbitmq import forget_published, newest_published
@@ -54,8 +55,8 @@ def in_blocks(topology: Topology, blocks: list[list[str]]) -> dict[Coord, str]:
 
 
 class Placement:
-    def __init__(self, shared: Shared) -> None:
-        self.shared = shared
+    def __init__(self, shared: Shared, records: RecordWriter) -> None:
+        self.shared, self.records = shared, records
 
     async def end(self, experiment: Experiment, state: State, reason: str = "") -> None:
         experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
@@ -138,7 +139,7 @@ class Placement:
         if restore:
             found = await bounded(self._restore_state(experiment, coord) for coord in targets)
             states = {coord: (payload, meta) for coord, (payload, meta, _) in zip(targets, found)}
-            await self._forget_records(experiment, {str(c): resumed for c, (_, _, resumed) in zip(targets, found)})
+            await self.records.forget(experiment, {str(c): resumed for c, (_, _, resumed) in zip(targets, found)})
         config = experiment.config.model_dump(mode="json")
 
         async def send(coord: Coord, worker: str) -> None:
@@ -177,19 +178,6 @@ class Placement:
         source = (meta or {}).get("from", "a checkpoint" if payload else "scratch")
         log.info("cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, source)
         return payload, meta, resumed
-
-    @staticmethod
-    async def _forget_records(experiment: Experiment, resumed: dict[str, int]) -> None:
-        """The iterations newcomers redo are recorded again by them: their records go, in one rewrite
-        (off the event loop; records arriving meanwhile wait for it)."""
-
-        def keep(record: dict) -> bool:
-            cell = cell_name(record["cell"])
-            return cell not in resumed or record["iteration"] < resumed[cell]
-
-        async with experiment.metrics_lock:
-            await asyncio.to_thread(experiment.run.keep_metrics, keep)
-            experiment.recorded = {k for k in experiment.recorded if k[0] not in resumed or k[1] < resumed[k[0]]}
 
     @staticmethod
     def _recorded(experiment: Experiment, coord: Coord, resumes_at: int) -> bool:
