@@ -48,7 +48,11 @@ def _fail(error: PalominoError) -> typer.Exit:
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
     from palomino.transport.urls import RedactingFilter
 
-    handler = RichHandler(console=stderr, show_path=False)
+    if stderr.is_terminal:
+        handler: logging.Handler = RichHandler(console=stderr, show_path=False)
+    else:  # a service's log (a file, a container, a batch job): plain lines, a tenth of rich's cost each
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactingFilter())  # libraries log URLs too (aio-pika's reconnects): never a password
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("httpx", "aio_pika", "aiormq"):  # their INFO lines are per request / per reconnect try

@@ -93,11 +93,12 @@ def test_a_rewrite_drops_records_taken_but_not_yet_written(tmp_path: Path) -> No
         for it in range(4):
             await orchestrator.on_control(metrics("w0", (0, 0), it), b"")
         async with experiment.metrics_lock:  # a group being written: what arrives now waits
-            forget = asyncio.create_task(orchestrator.records.forget(experiment, {"0-0": 2, "0-1": 0}))
+            forget = asyncio.create_task(orchestrator.records.forget(experiment, {"0-0": 2, "0-1": 0}))  # → the rewrite
             await asyncio.sleep(0)  # the rewrite is next in line
             late = [asyncio.create_task(orchestrator.on_control(m, b"")) for m in (metrics("w0", (0, 0), 4), metrics("w1", (0, 1), 0))]  # fmt: skip
             await asyncio.sleep(0)
-        await asyncio.gather(forget, *late)
+        await (await forget)
+        await asyncio.gather(*late)
 
     asyncio.run(go())
     # 0-0 redoes iterations 2 and on, 0-1 all of them: the records taken meanwhile went with the rewrite.

@@ -7,6 +7,7 @@ among real workers."""
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ async def test_idle_slots_announce_themselves_ever_more_rarely_and_at_once_when_
         await asyncio.sleep(1.6)  # sent at 0, 0.2, 0.6, 1.4: at a fixed 0.2 s, eight
         times = [t for t, _ in control.sent]
         assert 3 <= len(times) <= 5, times
-        gaps = [b - a for a, b in zip(times, times[1:])]
+        gaps = [b - a for a, b in pairwise(times)]
         assert gaps[-1] > 1.5 * gaps[0], gaps
         count = len(control.sent)
         await worker._on_control(Hello(worker="w/1"), b"")  # the next would be 1.6 s after the last

@@ -49,7 +49,7 @@ ORCHESTRATOR_QUEUE_CAP = (100_000, 2 * 1024**3)
 CHECKPOINTS = "checkpoints"
 # What checkpoints may wait for the orchestrator: past it new ones are refused until it catches up.
 CHECKPOINT_QUEUE_CAP = (100_000, 2 * 1024**3)
-SIDE_CHANNELS = 8  # a channel answers one call at a time: a recovery's lookups share these
+SIDE_CHANNELS = 32  # a channel answers one call at a time: a recovery's lookups (hundreds) share these
 
 
 def orchestrator_address(namespace: str = "") -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
@@ -29,6 +30,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BROKER_CALL_TIMEOUT = 10.0  # seconds for a broker call made under the lock
 CONCURRENT = 64  # broker calls and state lookups in flight at once (a layout of thousands of cells)
+# Past this many cells in one step, a line a cell goes to DEBUG and one line sums them up (408
+# lines a step, three times, were seconds of the event loop at 4,096 slots).
+PER_CELL_LINES = 16
+SHOWN = 5  # cells a summary line names
+
+
+def per_cell_level(cells: int, level: int) -> int:
+    return logging.DEBUG if cells > PER_CELL_LINES else level
 
 
 async def bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENT) -> list[T]:
@@ -113,13 +122,12 @@ class Placement:
         experiment.laid_out.update(experiment.cells)
         experiment.state = "running"
         experiment.record_layout()
-        log.info(
-            "experiment %s starts on %d×%d: %s",
-            experiment.id,
-            rows,
-            cols,
-            {str(c): w for c, w in experiment.cells.items()},
-        )
+        layout = {str(c): w for c, w in experiment.cells.items()}
+        if len(layout) > PER_CELL_LINES:
+            log.info("experiment %s starts on %d×%d (%d workers)", experiment.id, rows, cols, len(layout))
+            log.debug("experiment %s: %s", experiment.id, layout)
+        else:
+            log.info("experiment %s starts on %d×%d: %s", experiment.id, rows, cols, layout)
         await self.assign_all(experiment, experiment.cells)
         await self.shared.event(experiment, "topology", experiment.summary(self.shared.alive))
 
@@ -129,17 +137,24 @@ class Placement:
     async def assign_all(self, experiment: Experiment, targets: dict[Coord, str], restore: bool = False) -> None:
         """Assign each coordinate to its worker, restored (`restore`) from its newest usable state:
         the states looked up and the Assigns published concurrently, the records of iterations
-        the newcomers redo dropped in one rewrite of metrics.jsonl."""
+        the newcomers redo dropped in one rewrite of metrics.jsonl while the Assigns go out."""
         topology = experiment.topology
         assert topology is not None
         for coord, worker in targets.items():
             self.shared.workers[worker].experiment, self.shared.workers[worker].coord = experiment.id, coord
             self.shared.workers[worker].idle = False
         states: dict[Coord, tuple[bytes, dict | None]] = {}
+        rewrite: asyncio.Task[None] | None = None
         if restore:
-            found = await bounded(self._restore_state(experiment, coord) for coord in targets)
+            level = per_cell_level(len(targets), logging.INFO)
+            found = await bounded(self._restore_state(experiment, coord, level) for coord in targets)
+            if level == logging.DEBUG:
+                sources = Counter((meta or {}).get("from", "checkpoint" if payload else "scratch") for payload, meta, _ in found)  # fmt: skip
+                log.info("%d cells of %s restart from %s", len(targets), experiment.id, dict(sources))
             states = {coord: (payload, meta) for coord, (payload, meta, _) in zip(targets, found)}
-            await self.records.forget(experiment, {str(c): resumed for c, (_, _, resumed) in zip(targets, found)})
+            rewrite = await self.records.forget(
+                experiment, {str(c): resumed for c, (_, _, resumed) in zip(targets, found)}
+            )
         config = experiment.config.model_dump(mode="json")
 
         async def send(coord: Coord, worker: str) -> None:
@@ -151,9 +166,15 @@ class Placement:
             )  # fmt: skip
             await self.shared.control.send(cell_address(worker), message, payload)
 
-        await bounded(send(coord, worker) for coord, worker in targets.items())
+        try:
+            await bounded(send(coord, worker) for coord, worker in targets.items())
+        finally:
+            if rewrite is not None:  # metrics.jsonl rewritten while the Assigns went out
+                await rewrite
 
-    async def _restore_state(self, experiment: Experiment, coord: Coord) -> tuple[bytes, dict | None, int]:
+    async def _restore_state(
+        self, experiment: Experiment, coord: Coord, level: int = logging.INFO
+    ) -> tuple[bytes, dict | None, int]:
         """(payload, restore_meta, the iteration it resumes at) of `coord`'s newest usable state."""
         payload, meta = b"", None
         unusable = experiment.unusable.get(coord, set())
@@ -171,12 +192,12 @@ class Placement:
                 resumed, chosen = snapshot[1], ("snapshot", snapshot[1])
             else:  # a cell publishes an iteration's snapshot, then sends its record: killed between the
                 # two, resuming after that iteration would leave it unrecorded for good
-                log.info("cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
+                log.log(level, "cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
                          coord, experiment.id, snapshot[1] - 1)  # fmt: skip
         if chosen is not None:
             experiment.restoring[coord] = chosen
         source = (meta or {}).get("from", "a checkpoint" if payload else "scratch")
-        log.info("cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, source)
+        log.log(level, "cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, source)
         return payload, meta, resumed
 
     @staticmethod

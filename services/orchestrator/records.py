@@ -71,16 +71,32 @@ class RecordWriter:
             await self.shared.event(experiment, "metrics", {"records": part})
         return True
 
-    async def forget(self, experiment: Experiment, resumed: dict[str, int]) -> None:
+    async def forget(self, experiment: Experiment, resumed: dict[str, int]) -> asyncio.Task[None]:
         """Cells that redo iterations from `resumed` (cell name → iteration) record them again: their
-        records from there on go — from metrics.jsonl (one rewrite, off the event loop), from those
-        taken but not written yet, and from those counted as recorded."""
+        records from there on go — at once from those counted as recorded and from those taken but
+        not written yet, then from metrics.jsonl in one rewrite (off the event loop) that runs on in
+        the task returned. Records taken meanwhile are written after it (it holds the writers' lock
+        from before this returns), so the Assigns need not wait for the rewrite."""
 
         def keep(cell: str, iteration: int) -> bool:
             return cell not in resumed or iteration < resumed[cell]
 
-        async with experiment.metrics_lock:
-            await asyncio.to_thread(experiment.run.keep_metrics, lambda r: keep(cell_name(r["cell"]), r["iteration"]))
+        lock = experiment.metrics_lock
+        await lock.acquire()  # after the group being written, if any: the rewrite sees it
+        try:
             if group := self._open.get(experiment.id):
                 group.records[:] = [r for r in group.records if keep(cell_name(r["cell"]), r["iteration"])]
             experiment.recorded = {key for key in experiment.recorded if keep(*key)}
+        except BaseException:
+            lock.release()
+            raise
+
+        async def rewrite() -> None:
+            try:
+                await asyncio.to_thread(
+                    experiment.run.keep_metrics, lambda r: keep(cell_name(r["cell"]), r["iteration"])
+                )
+            finally:
+                lock.release()
+
+        return asyncio.create_task(rewrite())

@@ -11,7 +11,7 @@ from palomino.grid import Coord, Topology, rectangle, relayout
 from palomino.grid.partition import Partition, class_rectangle
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
-from palomino.services.orchestrator.placement import Placement, bounded
+from palomino.services.orchestrator.placement import SHOWN, Placement, bounded, per_cell_level
 from palomino.services.orchestrator.results import Results
 from palomino.services.orchestrator.shared import Shared
 from palomino.transport.control_channel import cell_address
@@ -42,9 +42,15 @@ class Recovery:
             return
         dead = missing  # with those that died with it (shared.GATHER): one epoch for them all
         self.shared.counters["failures_handled"] += len(dead)
+        level = per_cell_level(len(dead), logging.WARNING)
         for coord, worker in dead.items():
-            log.warning("worker %s (cell %s of %s) is dead: no heartbeat for %.0f s", worker, coord, experiment.id, ttl)
+            log.log(
+                level, "worker %s (cell %s of %s) is dead: no heartbeat for %.0f s", worker, coord, experiment.id, ttl
+            )
             self.shared.workers.pop(worker, None)
+        if level == logging.DEBUG:
+            log.warning("%d workers of %s are dead (no heartbeat for %.0f s): %s …", len(dead), experiment.id, ttl,
+                        ", ".join(f"{w} ({c})" for c, w in list(dead.items())[:SHOWN]))  # fmt: skip
         policy = experiment.config.distributed.on_failure
         spares = self.shared.spares(ttl)
         if policy == "replace" or (policy == "auto" and len(spares) >= len(dead)):
@@ -55,12 +61,17 @@ class Recovery:
         await self.shrink(experiment, dead)
 
     async def _replace(self, experiment: Experiment, dead: dict[Coord, str], spares: list[str]) -> None:
+        level = per_cell_level(len(dead), logging.INFO)
         for (coord, worker), spare in zip(dead.items(), spares):
             experiment.cells[coord] = spare
             experiment.failures.append(
                 {"worker": worker, "cell": str(coord), "action": "replace", "by": spare, "at": time.time()}
             )
-            log.info("cell %s of %s: %s replaces %s from its newest checkpoint", coord, experiment.id, spare, worker)
+            log.log(
+                level, "cell %s of %s: %s replaces %s from its newest checkpoint", coord, experiment.id, spare, worker
+            )
+        if level == logging.DEBUG:
+            log.info("%d cells of %s replaced by spares", len(dead), experiment.id)
         await self.placement.new_epoch(experiment, experiment.topology.rows, experiment.topology.cols)
         await self.placement.assign_all(experiment, {coord: experiment.cells[coord] for coord in dead}, restore=True)
 
