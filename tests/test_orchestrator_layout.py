@@ -106,6 +106,60 @@ def test_a_rewrite_drops_records_taken_but_not_yet_written(tmp_path: Path) -> No
     assert experiment.recorded == {("0-0", 0), ("0-0", 1)}
 
 
+def test_a_missing_cells_state_is_looked_up_while_its_death_is_still_undecided(tmp_path: Path) -> None:
+    import time
+
+    from palomino.services.orchestrator.experiment import Worker
+    from palomino.wire.control_messages import Assign
+
+    orchestrator, experiment = running_2x2(tmp_path)
+    shared = orchestrator.shared
+    shared.liveness_since = time.monotonic() - 60  # Redis has answered for long
+    shared.workers["s"] = Worker("s")  # a registered spare
+    shared.alive = {"w1", "w2", "w3", "s"}  # w0's heartbeat has expired: missing
+    lookups: list[Coord] = []
+
+    async def newest_published(experiment: Experiment, coord: Coord) -> tuple[bytes, int] | None:
+        lookups.append(coord)
+        return None
+
+    orchestrator.placement.newest_published = newest_published
+
+    async def go() -> None:
+        await orchestrator.recovery.check_cells(experiment)  # missing for less than GATHER: not dead yet
+        await asyncio.sleep(0.1)
+        assert lookups == [Coord(0, 0)] and experiment.cells[Coord(0, 0)] == "w0"
+        shared.workers["w0"].last_seen -= 3  # gone for longer than GATHER: dead
+        await orchestrator.recovery.check_cells(experiment)
+
+    asyncio.run(go())
+    assert experiment.cells[Coord(0, 0)] == "s"
+    assert [m.worker for _, m in shared.control.sent if isinstance(m, Assign)] == ["s"]
+    assert lookups == [Coord(0, 0)]  # the replacement used the lookup made while w0 was missing
+
+
+def test_a_lookup_for_a_cell_that_came_back_is_dropped(tmp_path: Path) -> None:
+    orchestrator, experiment = running_2x2(tmp_path)
+
+    async def slow(experiment: Experiment, coord: Coord) -> None:
+        await asyncio.sleep(60)
+
+    orchestrator.placement.newest_published = slow
+
+    async def go() -> list[bool]:
+        orchestrator.placement.prefetch(experiment, [Coord(0, 0), Coord(1, 1)])
+        tasks = [task for _, task in orchestrator.placement._prefetched.values()]
+        orchestrator.placement.prefetch(experiment, [Coord(1, 1)])  # 0-0's heartbeat is back
+        await asyncio.sleep(0.1)
+        kept = list(orchestrator.placement._prefetched)
+        await orchestrator.placement.end(experiment, "stopped")  # and nothing is left behind
+        await asyncio.sleep(0)
+        return [kept == [("race-1", Coord(1, 1))], *[task.cancelled() for task in tasks]]
+
+    assert asyncio.run(go()) == [True, True, True]
+    assert orchestrator.placement._prefetched == {}
+
+
 def test_supervision_backs_off_while_redis_refuses(tmp_path: Path) -> None:
     # The `continue` used to skip the sleep: 340,000 liveness queries a second against a dead Redis.
     from palomino.transport.redis_liveness import RedisLiveness

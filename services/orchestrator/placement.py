@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiormq.exceptions import AMQPError
 
@@ -66,9 +66,12 @@ def in_blocks(topology: Topology, blocks: list[list[str]]) -> dict[Coord, str]:
 class Placement:
     def __init__(self, shared: Shared, records: RecordWriter) -> None:
         self.shared, self.records = shared, records
+        # (experiment, coordinate) → (the `below` it was looked up with, the lookup) of missing cells
+        self._prefetched: dict[tuple[str, Coord], tuple[int | None, asyncio.Task[tuple[Any, Any]]]] = {}
 
     async def end(self, experiment: Experiment, state: State, reason: str = "") -> None:
         experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
+        self.prefetch(experiment, ())  # lookups for cells it will never restore
         await asyncio.to_thread(experiment.persist)
         self.shared.boards.end(experiment)
         stop = Stop(experiment=experiment.id, reason=reason or state)
@@ -179,13 +182,15 @@ class Placement:
         payload, meta = b"", None
         unusable = experiment.unusable.get(coord, set())
         below = min((i for kind, i in unusable if kind == "checkpoint"), default=None)  # older than what failed
-        folder = experiment.run.checkpoint_dir(coord)
-        checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
+        found = self._prefetched.pop((experiment.id, coord), None)
+        if found is None or found[0] != below:
+            checkpoint, snapshot = await self._look_up(experiment, coord, below)
+        else:
+            checkpoint, snapshot = await found[1]
         resumed, chosen = 0, None
         if checkpoint is not None:
             payload, meta = checkpoint.payload, checkpoint.meta
             resumed, chosen = checkpoint.iteration, ("checkpoint", checkpoint.iteration)
-        snapshot = await self.newest_published(experiment, coord)
         if snapshot is not None and snapshot[1] > resumed and ("snapshot", snapshot[1]) not in unusable:
             if self._recorded(experiment, coord, snapshot[1]):  # newer than the checkpoint
                 payload, meta = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}
@@ -199,6 +204,27 @@ class Placement:
         source = (meta or {}).get("from", "a checkpoint" if payload else "scratch")
         log.log(level, "cell %s of %s restarts at iteration %d from %s", coord, experiment.id, resumed, source)
         return payload, meta, resumed
+
+    async def _look_up(self, experiment: Experiment, coord: Coord, below: int | None) -> tuple[Any, Any]:
+        """`coord`'s newest valid checkpoint (older than `below`, when given) and newest published
+        snapshot: what a restore chooses from."""
+        folder = experiment.run.checkpoint_dir(coord)
+        checkpoint = await asyncio.to_thread(newest_valid, folder, None if below is None else below - 1, raw=True)
+        return checkpoint, await self.newest_published(experiment, coord)
+
+    def prefetch(self, experiment: Experiment, missing: Iterable[Coord]) -> None:
+        """Start looking up the states of cells whose worker is missing (its heartbeat expired) but
+        not yet dead: the 2 s that decide whether others died with it (shared.GATHER) overlap the
+        lookups — at 4,096 slots, 408 cells' were 3.2 s. A killed worker publishes nothing more, so
+        what is found stays the newest; lookups of cells no longer missing are dropped."""
+        missing = set(missing)
+        for key in [k for k in self._prefetched if k[0] == experiment.id and k[1] not in missing]:
+            self._prefetched.pop(key)[1].cancel()
+        for coord in missing:
+            if (experiment.id, coord) not in self._prefetched:
+                below = min((i for kind, i in experiment.unusable.get(coord, set()) if kind == "checkpoint"), default=None)  # fmt: skip
+                task = asyncio.create_task(self._look_up(experiment, coord, below))
+                self._prefetched[(experiment.id, coord)] = (below, task)
 
     @staticmethod
     def _recorded(experiment: Experiment, coord: Coord, resumes_at: int) -> bool:

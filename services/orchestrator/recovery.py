@@ -38,6 +38,7 @@ class Recovery:
             self._missing[experiment.id] = set(missing.values())
             if missing:
                 await self.shared.event(experiment, "topology", experiment.summary(self.shared.alive))
+        self.placement.prefetch(experiment, missing)  # their states, while GATHER decides
         if not any(self.shared.is_dead(w, ttl) for w in missing.values()):
             return
         dead = missing  # with those that died with it (shared.GATHER): one epoch for them all
