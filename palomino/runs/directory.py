@@ -205,16 +205,17 @@ class RunDirectory:
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         with open(path, "a") as handle:
-            handle.write(json.dumps(finite_json(record), allow_nan=False, default=_jsonable) + "\n")
+            handle.write(_line(record))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append(self.metrics_path, record)
 
-    def append_metrics_many(self, records: list[dict[str, Any]]) -> None:
-        """Several records in one write (the orchestrator writes what arrived together)."""
-        lines = [json.dumps(finite_json(r), allow_nan=False, default=_jsonable) + "\n" for r in records]
+    def append_metrics_many(self, records: list[dict[str, Any]]) -> list[str]:
+        """Several records in one write (the orchestrator writes what arrived together); the lines."""
+        lines = [_line(r) for r in records]
         with open(self.metrics_path, "a") as handle:
             handle.write("".join(lines))
+        return lines
 
     def append_topology(
         self, topology: Topology, assignment: dict[str, str], classes: dict[str, dict[str, int]] | None = None
@@ -267,6 +268,11 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite_json(v) for v in value]
     return value
+
+
+def _line(record: dict[str, Any]) -> str:
+    """One JSON-lines record, NaN and infinities as null."""
+    return json.dumps(finite_json(record), allow_nan=False, default=_jsonable) + "\n"
 
 
 def _jsonable(value: Any) -> Any:

@@ -151,25 +151,22 @@ class ControlChannel:
         async def handle(decoded: tuple[ControlMessage, bytes]) -> None:
             await handler(*decoded)
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            with self.in_flight:
-                what = f"a control message to {self.address}"
-                await self._guard(message, what, decode, handle, label=lambda decoded: decoded[0].kind)
-
         def checkpoint(message: AbstractIncomingMessage) -> tuple[ControlMessage, bytes]:
             decoded = decode(message)
             if decoded[0].kind != "checkpoint":
                 raise ValueError(f"a {decoded[0].kind} message in the checkpoints queue (only checkpoints go there)")
             return decoded
 
-        async def on_checkpoint(message: AbstractIncomingMessage) -> None:
-            with self.in_flight:
-                what = f"a checkpoint to {self.address}"
-                await self._guard(message, what, checkpoint, handle, label=lambda decoded: decoded[0].kind)
+        def consumer(what: str, decoder: Callable[[AbstractIncomingMessage], tuple[ControlMessage, bytes]]) -> Any:
+            async def on_message(message: AbstractIncomingMessage) -> None:
+                with self.in_flight:
+                    await self._guard(message, what, decoder, handle, label=lambda decoded: decoded[0].kind)
 
-        await self._queue.consume(on_message)
+            return on_message
+
+        await self._queue.consume(consumer(f"a control message to {self.address}", decode))
         if self._checkpoints is not None:
-            await self._checkpoints.consume(on_checkpoint)
+            await self._checkpoints.consume(consumer(f"a checkpoint to {self.address}", checkpoint))
 
     async def send(self, to: str, message: ControlMessage, payload: bytes = b"", timeout: float | None = None) -> None:
         """Persistent and confirmed; retried for `timeout` s (publish_timeout unless given) while the

@@ -40,6 +40,11 @@ def per_cell_level(cells: int, level: int) -> int:
     return logging.DEBUG if cells > PER_CELL_LINES else level
 
 
+def checkpoints_below(experiment: Experiment, coord: Coord) -> int | None:
+    """The oldest of `coord`'s checkpoints that failed to restore, if any: a restore takes an older one."""
+    return min((i for kind, i in experiment.unusable.get(coord, set()) if kind == "checkpoint"), default=None)
+
+
 async def bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENT) -> list[T]:
     """Await `calls` concurrently, at most `limit` at a time; their results in order."""
     gate = asyncio.Semaphore(limit)
@@ -181,7 +186,7 @@ class Placement:
         """(payload, restore_meta, the iteration it resumes at) of `coord`'s newest usable state."""
         payload, meta = b"", None
         unusable = experiment.unusable.get(coord, set())
-        below = min((i for kind, i in unusable if kind == "checkpoint"), default=None)  # older than what failed
+        below = checkpoints_below(experiment, coord)
         found = self._prefetched.pop((experiment.id, coord), None)
         if found is None or found[0] != below:
             checkpoint, snapshot = await self._look_up(experiment, coord, below)
@@ -222,7 +227,7 @@ class Placement:
             self._prefetched.pop(key)[1].cancel()
         for coord in missing:
             if (experiment.id, coord) not in self._prefetched:
-                below = min((i for kind, i in experiment.unusable.get(coord, set()) if kind == "checkpoint"), default=None)  # fmt: skip
+                below = checkpoints_below(experiment, coord)
                 task = asyncio.create_task(self._look_up(experiment, coord, below))
                 self._prefetched[(experiment.id, coord)] = (below, task)
 

@@ -10,7 +10,6 @@ killed orchestrator loses none; under load a group is as large as the control qu
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +28,11 @@ class _Group:
     written: bool = False
 
 
-def chunks(records: list[dict[str, Any]], limit: int = EVENT_BYTES) -> list[list[dict[str, Any]]]:
-    """`records` in runs of at most about `limit` bytes of JSON (one record alone may be more)."""
+def chunks(records: list[dict[str, Any]], lengths: list[int], limit: int = EVENT_BYTES) -> list[list[dict[str, Any]]]:
+    """`records` (of JSON `lengths`) in runs of at most about `limit` bytes (one alone may be more)."""
     out: list[list[dict[str, Any]]] = [[]]
     size = 0
-    for record in records:
-        length = len(json.dumps(record, default=str))
+    for record, length in zip(records, lengths, strict=True):
         if out[-1] and size + length > limit:
             out.append([])
             size = 0
@@ -64,10 +62,9 @@ class RecordWriter:
                 return True
             if self._open.get(experiment.id) is group:
                 del self._open[experiment.id]
-            if group.records:
-                await asyncio.to_thread(experiment.run.append_metrics_many, group.records)
+            lines = await asyncio.to_thread(experiment.run.append_metrics_many, group.records) if group.records else []
             group.written = True
-        for part in chunks([finite_json(r) for r in group.records]):
+        for part in chunks([finite_json(r) for r in group.records], [len(line) for line in lines]):
             await self.shared.event(experiment, "metrics", {"records": part})
         return True
 

@@ -61,7 +61,7 @@ class Supervisor:
         """Ask live slots this orchestrator does not know to register (Hello): after its restart,
         or a lost Register, spares are found at once, not at their next announcement (≤ 30 s)."""
         now = time.monotonic()
-        unknown = [w for w in self.shared.alive if w not in self.shared.workers]
+        unknown = {w for w in self.shared.alive if w not in self.shared.workers}
         self._asked = {w: t for w, t in self._asked.items() if w in unknown}
         due = [w for w in unknown if now - self._asked.get(w, -HELLO_AGAIN) >= HELLO_AGAIN]
         for worker in due:
