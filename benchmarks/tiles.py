@@ -19,6 +19,12 @@ Two measurements, in one process, on one device:
           palomino.nn.host, which every transfer goes through (on a GPU each waits for the queue;
           tests/test_host_transfers.py keeps other transfers out of the code). A launch-bound GPU costs about what an iteration
           dispatches and waits for; this is how that is measured on a machine without one.
+  parallel  `--parallel`: what a second core gives a tile on a CPU, wall clock: each K of
+          `--cells` trained as one stack in one thread, then as two stacks of half the lanes each
+          (what `palomino train` does on two cores) in two threads of one process, then in two
+          processes at once. Threads share one interpreter: each torch call from Python takes
+          its lock back, so two stacks' threads wait for each other between kernels; processes
+          do not. The ratios say how much of the second core the threads leave unused.
   baselines  `--baselines N …`: the referee's N independent plain GANs (palomino.baselines),
           `--batches` generator and discriminator steps each, trained as one stack against one
           after another (what benchmarks/quality.py did before); GANs × steps per second, ratio.
@@ -38,6 +44,7 @@ wall time with a synchronize on CUDA.
     python benchmarks/tiles.py --cells --grid 12 --device cuda --iterations 3
     python benchmarks/tiles.py --count-ops --cells 1 9 36 144 --batches 50
     python benchmarks/tiles.py --model ring --cells --baselines 1 9 16 --batches 200
+    python benchmarks/tiles.py --model ring --cells 9 16 --batches 50 --parallel
     python benchmarks/tiles.py --model dcgan --cells 1 9 36 --device cuda
     python benchmarks/tiles.py --model dcgan --width 16 --cells 1 4 --batches 4   # a CPU look
 """
@@ -50,10 +57,12 @@ import inspect
 import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -372,6 +381,58 @@ def count_ops(args: argparse.Namespace, dataset: Dataset) -> None:
         print(f"written: {args.json}")
 
 
+def halves(lanes: list[Lane]) -> list[list[Lane]]:
+    """A tile's lanes in two stacks, as Tile splits them for two workers (the first takes the odd one)."""
+    cut = (len(lanes) + 1) // 2
+    return [lanes[:cut], lanes[cut:]]
+
+
+def timed_rounds(work: Callable[[], object], rounds: int) -> float:
+    """Median wall seconds of `work` after one warm-up call."""
+    work()
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        work()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def parallel(args: argparse.Namespace, dataset: Dataset) -> None:
+    print(f"\nparallel: {args.batches} batches per cell, {args.model} networks, wall clock, median of {args.rounds}")
+    print(f"{'K':>5} {'1 thread ms/b':>14} {'2 threads ms/b':>15} {'×':>6} {'2 processes ms/b':>17} {'×':>6}")
+    for k in args.cells:
+        rows, cols = SHAPES.get(k, (1, k))
+        lanes = lanes_of(
+            make_cells(make_config(rows, cols, args.batches, args.device, args.model, args.width), dataset)
+        )
+        one = timed_rounds(lambda lanes=lanes: train_tile(lanes), args.rounds)
+        with ThreadPoolExecutor(2) as pool:
+            two = timed_rounds(lambda lanes=lanes: list(pool.map(train_tile, halves(lanes))), args.rounds)
+        # Each process builds the same cells (one seed) and trains its half; both start together.
+        command = [sys.executable, __file__, "--model", args.model, "--width", str(args.width), "--cells", str(k)]
+        command += ["--batches", str(args.batches), "--rounds", str(args.rounds), "--device", args.device]
+        children = [
+            subprocess.Popen([*command, "--half", str(half)], stdout=subprocess.PIPE, text=True) for half in (0, 1)
+        ]
+        outputs = [child.communicate()[0] for child in children]
+        if any(child.returncode for child in children):
+            raise SystemExit(f"a --half process failed: {outputs}")
+        apart = max(float(out.split()[-1]) for out in outputs)
+        per = 1000 / args.batches
+        print(
+            f"{k:>5} {one * per:>14.2f} {two * per:>15.2f} {one / two:>5.2f}× {apart * per:>17.2f} {one / apart:>5.2f}×"
+        )
+
+
+def train_half(args: argparse.Namespace, dataset: Dataset) -> None:
+    """--half i (a child of --parallel): half i of the K-lane tile, its median seconds last."""
+    rows, cols = SHAPES.get(args.cells[0], (1, args.cells[0]))
+    cells = make_cells(make_config(rows, cols, args.batches, args.device, args.model, args.width), dataset)
+    part = halves(lanes_of(cells))[args.half]
+    print(f"half {args.half}: {len(part)} lanes, median seconds {timed_rounds(lambda: train_tile(part), args.rounds)}")
+
+
 def baselines(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     config = make_config(1, 1, args.batches, args.device, args.model)
     budget = Budget(args.batches, args.batches)
@@ -417,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--width", type=int, default=64, help="dcgan/sngan: base channel count")
     parser.add_argument("--count-ops", action="store_true", help="count ops and host syncs per iteration instead")
+    parser.add_argument(
+        "--parallel", action="store_true", help="a tile's training in one thread, two threads and two processes"
+    )
+    parser.add_argument("--half", type=int, choices=[0, 1], help=argparse.SUPPRESS)  # a --parallel child
     parser.add_argument("--json", type=Path, help="--count-ops: also write the counts here")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU: torch threads")
@@ -440,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {described}")
     if args.count_ops:
         count_ops(args, dataset)
+        return 0
+    if args.half is not None:
+        train_half(args, dataset)
+        return 0
+    if args.parallel:
+        parallel(args, dataset)
         return 0
     if args.cells:
         steps(args, dataset, clock)

@@ -458,3 +458,23 @@ def test_train_with_an_unknown_tiles_word_exits_2_naming_the_field(tmp_path) -> 
     result = palomino("train", cfg, "--out", tmp_path / "out", cwd=tmp_path)
     assert result.returncode == 2
     assert "tiles" in result.stderr
+
+
+def test_the_parallel_benchmark_times_a_tile_in_one_thread_two_threads_and_two_processes(capsys) -> None:
+    """benchmarks/tiles.py --parallel: the measure of what a second core gives a tile (docs/speed.md)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tiles.py"
+    spec = importlib.util.spec_from_file_location("tiles_benchmark_parallel", path)
+    assert spec is not None and spec.loader is not None
+    tiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiles)
+    assert tiles.main(["--parallel", "--model", "ring", "--cells", "3", "--batches", "2", "--rounds", "1"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[0] == "3", row
+    one, two, apart = float(row[1]), float(row[2]), float(row[4])
+    assert min(one, two, apart) > 0, row
+    # The two ratios are the columns' own quotients.
+    assert float(row[3].rstrip("×")) == pytest.approx(one / two, abs=0.01)
+    assert float(row[5].rstrip("×")) == pytest.approx(one / apart, abs=0.01)
