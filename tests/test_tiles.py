@@ -9,8 +9,11 @@ resuming a tiled checkpoint untiled and back, and `palomino train` with tiles on
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -362,6 +365,40 @@ def test_a_tiled_checkpoint_resumes_untiled_and_back(float64: None) -> None:
     assert_same_cells(reference, third)
 
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.mark.parametrize("tiles", ["on", "off"])
+def test_a_checkpoint_from_before_tiles_resumes_and_goes_on_as_its_version_did(tmp_path: Path, tiles: str) -> None:
+    """A run directory written at 18f502c (before tiles), resumed to 6 iterations by today's code:
+    every cell starts from its checkpoint (no cell starts again) and its records are the ones
+    18f502c wrote resuming it, to float rounding (tests/fixtures/README.md says how both were made)."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "run-18f502c", run)
+    result = palomino(
+        "train", "--resume", run, "--set", "training.iterations=6", "--set", f"tiles={tiles}", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starts again" not in result.stderr and "corrupt" not in result.stderr, result.stderr[-3000:]
+    resumed = [r for r in metrics_of(tmp_path) if r["iteration"] >= 4]
+    expected = [json.loads(line) for line in (FIXTURES / "run-18f502c-resumed-to-6.jsonl").read_text().splitlines()]
+
+    def key(record: dict) -> tuple:
+        return tuple(record["cell"]), record["iteration"]
+
+    resumed, expected = sorted(resumed, key=key), sorted(expected, key=key)
+    assert [key(r) for r in resumed] == [key(r) for r in expected]
+    for ours, theirs in zip(resumed, expected):
+        for field in ("epoch", "losses_used", "steps", "neighbours"):
+            assert ours[field] == theirs[field], (key(ours), field)
+        for role in ("generator", "discriminator"):
+            for value in ("loss", "fitness", "learning_rate"):
+                assert ours[role][value] == pytest.approx(theirs[role][value], rel=1e-5), (key(ours), role, value)
+        assert ours["score"] == pytest.approx(theirs["score"], rel=1e-5)
+        assert ours["mixture"] == pytest.approx(theirs["mixture"], rel=1e-5)
+    assert (run / "result" / "mixture.json").exists()
+
+
 def test_cells_on_different_batch_sizes_share_a_tile(float64: None) -> None:
     """A region smaller than a batch gives its cell smaller batches: it trains in its own stack."""
     cfg = config(training={"batch_size": 64, "batches_per_iteration": 2, "data_regions": True, "iterations": 3})
@@ -462,9 +499,6 @@ def test_train_with_an_unknown_tiles_word_exits_2_naming_the_field(tmp_path) -> 
 
 def test_the_parallel_benchmark_times_a_tile_in_one_thread_two_threads_and_two_processes(capsys) -> None:
     """benchmarks/tiles.py --parallel: the measure of what a second core gives a tile (docs/speed.md)."""
-    import importlib.util
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "tiles.py"
     spec = importlib.util.spec_from_file_location("tiles_benchmark_parallel", path)
     assert spec is not None and spec.loader is not None
