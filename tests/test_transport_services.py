@@ -116,7 +116,7 @@ async def test_a_neighbour_bound_late_starts_from_its_newest_published_snapshot(
 
 
 @pytest.mark.parametrize("synchronous", [False, True])
-async def test_silent_neighbours_cost_one_timeout_together(synchronous: bool) -> None:
+async def test_silent_neighbours_cost_one_timeout_together(synchronous: bool, caplog: pytest.LogCaptureFixture) -> None:
     topology = Topology(3, 3, "von_neumann")
     cell = SimpleNamespace(iteration=5, coord=Coord(1, 1), topology=topology)
     neighbours = topology.neighbours(cell.coord)
@@ -127,6 +127,9 @@ async def test_silent_neighbours_cost_one_timeout_together(synchronous: bool) ->
     found = await gather_neighbours(cell, bus, synchronous, timeout=0.5, silent=silent)
     assert time.monotonic() - started < 1.0  # one at a time each waited 0.5 s: 1.5 s
     assert list(found) == [neighbours[-1]] and silent == set(neighbours[:-1])
+    # Each silent one is named, against the gather's timeout (the later ones had less than all of it).
+    said = [r.getMessage() for r in caplog.records if "no snapshot from neighbour" in r.getMessage()]
+    assert len(said) == 3 and all("within the 0.5 s neighbour timeout" in line for line in said), said
 
 
 async def test_a_bad_broker_url_is_a_clear_error() -> None:

@@ -71,8 +71,12 @@ async def gather_neighbours(
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 snapshot = await bus.wait(coord, wanted if synchronous else -1, left)
             except TimeoutError:
+                # The timeout bounds the whole gather: a later neighbour may have had less of it.
                 log.warning(
-                    "cell %s: no snapshot from neighbour %s for %s s; going on without it", cell.coord, coord, timeout
+                    "cell %s: no snapshot from neighbour %s within the %s s neighbour timeout; going on without it",
+                    cell.coord,
+                    coord,
+                    timeout,
                 )
                 silent.add(coord)
         if snapshot is not None:
