@@ -23,8 +23,8 @@ Two measurements, in one process, on one device:
           `--cells` trained as one stack in one thread, then as two stacks of half the lanes each
           (what `palomino train` does on two cores) in two threads of one process, then in two
           processes at once. Threads share one interpreter: each torch call from Python takes
-          its lock back, so two stacks' threads wait for each other between kernels; processes
-          do not. The ratios say how much of the second core the threads leave unused.
+          its lock back, so two stacks' threads may wait for each other between kernels;
+          processes cannot. The two ratios side by side say what that lock costs.
   baselines  `--baselines N …`: the referee's N independent plain GANs (palomino.baselines),
           `--batches` generator and discriminator steps each, trained as one stack against one
           after another (what benchmarks/quality.py did before); GANs × steps per second, ratio.
@@ -412,6 +412,7 @@ def parallel(args: argparse.Namespace, dataset: Dataset) -> None:
         # Each process builds the same cells (one seed) and trains its half; both start together.
         command = [sys.executable, __file__, "--model", args.model, "--width", str(args.width), "--cells", str(k)]
         command += ["--batches", str(args.batches), "--rounds", str(args.rounds), "--device", args.device]
+        command += ["--data-dir", str(args.data_dir)]
         children = [
             subprocess.Popen([*command, "--half", str(half)], stdout=subprocess.PIPE, text=True) for half in (0, 1)
         ]
