@@ -368,35 +368,41 @@ def test_a_tiled_checkpoint_resumes_untiled_and_back(float64: None) -> None:
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
-@pytest.mark.parametrize("tiles", ["on", "off"])
-def test_a_checkpoint_from_before_tiles_resumes_and_goes_on_as_its_version_did(tmp_path: Path, tiles: str) -> None:
-    """A run directory written at 18f502c (before tiles), resumed to 6 iterations by today's code:
-    every cell starts from its checkpoint (no cell starts again) and its records are the ones
-    18f502c wrote resuming it, to float rounding (tests/fixtures/README.md says how both were made)."""
-    run = tmp_path / "run"
-    shutil.copytree(FIXTURES / "run-18f502c", run)
-    result = palomino(
-        "train", "--resume", run, "--set", "training.iterations=6", "--set", f"tiles={tiles}", cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "starts again" not in result.stderr and "corrupt" not in result.stderr, result.stderr[-3000:]
-    resumed = [r for r in metrics_of(tmp_path) if r["iteration"] >= 4]
+def test_a_checkpoint_from_before_tiles_resumes_and_goes_on_as_its_version_did(tmp_path: Path) -> None:
+    """A run directory written at 18f502c (before tiles), resumed to 6 iterations by today's code,
+    tiled and untiled: every cell starts from its checkpoint (no cell starts again) and its records
+    are the ones 18f502c wrote resuming it, to float rounding (tests/fixtures/README.md says how
+    both were made)."""
     expected = [json.loads(line) for line in (FIXTURES / "run-18f502c-resumed-to-6.jsonl").read_text().splitlines()]
 
     def key(record: dict) -> tuple:
         return tuple(record["cell"]), record["iteration"]
 
-    resumed, expected = sorted(resumed, key=key), sorted(expected, key=key)
-    assert [key(r) for r in resumed] == [key(r) for r in expected]
-    for ours, theirs in zip(resumed, expected):
-        for field in ("epoch", "losses_used", "steps", "neighbours"):
-            assert ours[field] == theirs[field], (key(ours), field)
-        for role in ("generator", "discriminator"):
-            for value in ("loss", "fitness", "learning_rate"):
-                assert ours[role][value] == pytest.approx(theirs[role][value], rel=1e-5), (key(ours), role, value)
-        assert ours["score"] == pytest.approx(theirs["score"], rel=1e-5)
-        assert ours["mixture"] == pytest.approx(theirs["mixture"], rel=1e-5)
-    assert (run / "result" / "mixture.json").exists()
+    def resume(tiles: str) -> list[dict]:
+        out = tmp_path / tiles
+        shutil.copytree(FIXTURES / "run-18f502c", out / "run")
+        result = palomino(
+            "train", "--resume", out / "run", "--set", "training.iterations=6", "--set", f"tiles={tiles}", cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "starts again" not in result.stderr and "corrupt" not in result.stderr, result.stderr[-3000:]
+        assert (out / "run" / "result" / "mixture.json").exists()
+        return sorted((r for r in metrics_of(out) if r["iteration"] >= 4), key=key)
+
+    with ThreadPoolExecutor(2) as pool:  # two processes side by side: each is mostly start-up
+        runs = dict(zip(("on", "off"), pool.map(resume, ("on", "off"))))
+    expected = sorted(expected, key=key)
+    for tiles, resumed in runs.items():
+        assert [key(r) for r in resumed] == [key(r) for r in expected], tiles
+        for ours, theirs in zip(resumed, expected):
+            where = (tiles, key(ours))
+            for field in ("epoch", "losses_used", "steps", "neighbours"):
+                assert ours[field] == theirs[field], (where, field)
+            for role in ("generator", "discriminator"):
+                for value in ("loss", "fitness", "learning_rate"):
+                    assert ours[role][value] == pytest.approx(theirs[role][value], rel=1e-5), (where, role, value)
+            assert ours["score"] == pytest.approx(theirs["score"], rel=1e-5), where
+            assert ours["mixture"] == pytest.approx(theirs["mixture"], rel=1e-5), where
 
 
 def test_cells_on_different_batch_sizes_share_a_tile(float64: None) -> None:
