@@ -70,7 +70,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from palomino.baselines import Budget, train_independent
 from palomino.coevolution import Cell
-from palomino.coevolution.tile import Tile
+from palomino.coevolution.tile import Tile, _split
 from palomino.coevolution.tile_training import Lane, train_tile
 from palomino.config import DataConfig, ExperimentConfig
 from palomino.data import Dataset, data_dir, load_dataset
@@ -382,20 +382,15 @@ def count_ops(args: argparse.Namespace, dataset: Dataset) -> None:
 
 
 def halves(lanes: list[Lane]) -> list[list[Lane]]:
-    """A tile's lanes in two stacks, as Tile splits them for two workers (the first takes the odd one)."""
-    cut = (len(lanes) + 1) // 2
-    return [lanes[:cut], lanes[cut:]]
+    """A tile's lanes in two stacks, split as Tile splits them for two workers."""
+    return _split(lanes, 2)
 
 
-def timed_rounds(work: Callable[[], object], rounds: int) -> float:
-    """Median wall seconds of `work` after one warm-up call."""
+def timed_rounds(work: Callable[[], object], args: argparse.Namespace) -> float:
+    """Median wall seconds of `work` over `--rounds`, after one warm-up call (synchronised on CUDA)."""
+    clock = Clock(args.device, "wall")
     work()
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        work()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return statistics.median(clock.time(work) for _ in range(args.rounds))
 
 
 def parallel(args: argparse.Namespace, dataset: Dataset) -> None:
@@ -406,9 +401,9 @@ def parallel(args: argparse.Namespace, dataset: Dataset) -> None:
         lanes = lanes_of(
             make_cells(make_config(rows, cols, args.batches, args.device, args.model, args.width), dataset)
         )
-        one = timed_rounds(lambda lanes=lanes: train_tile(lanes), args.rounds)
+        one = timed_rounds(lambda lanes=lanes: train_tile(lanes), args)
         with ThreadPoolExecutor(2) as pool:
-            two = timed_rounds(lambda lanes=lanes: list(pool.map(train_tile, halves(lanes))), args.rounds)
+            two = timed_rounds(lambda lanes=lanes: list(pool.map(train_tile, halves(lanes))), args)
         # Each process builds the same cells (one seed) and trains its half; both start together.
         command = [sys.executable, __file__, "--model", args.model, "--width", str(args.width), "--cells", str(k)]
         command += ["--batches", str(args.batches), "--rounds", str(args.rounds), "--device", args.device]
@@ -431,7 +426,7 @@ def train_half(args: argparse.Namespace, dataset: Dataset) -> None:
     rows, cols = SHAPES.get(args.cells[0], (1, args.cells[0]))
     cells = make_cells(make_config(rows, cols, args.batches, args.device, args.model, args.width), dataset)
     part = halves(lanes_of(cells))[args.half]
-    print(f"half {args.half}: {len(part)} lanes, median seconds {timed_rounds(lambda: train_tile(part), args.rounds)}")
+    print(f"half {args.half}: {len(part)} lanes, median seconds {timed_rounds(lambda: train_tile(part), args)}")
 
 
 def baselines(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:

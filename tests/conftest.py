@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib.util
 import inspect
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -86,6 +88,18 @@ def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """benchmarks/<name>.py as a module (the scripts are no package), loaded once a session."""
+    key = f"{name}_benchmark"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # dataclasses look their module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
 def tiny(**changes: Any) -> dict[str, Any]:

@@ -6,12 +6,12 @@ waits on a CPU through the helpers, so a transfer written any other way would go
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import torch
+from conftest import benchmark_module
 
 from palomino.nn import host
 
@@ -52,10 +52,7 @@ def test_counting_tallies_reads_and_uploads_in_its_context_only() -> None:
 
 
 def test_count_ops_counts_each_phase_and_the_syncs_of_a_tile(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("tiles_benchmark", ROOT / "benchmarks" / "tiles.py")
-    assert spec is not None and spec.loader is not None
-    tiles = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiles)
+    tiles = benchmark_module("tiles")
     out = tmp_path / "counts.json"
     assert (
         tiles.main(["--count-ops", "--model", "ring", "--cells", "1", "4", "--batches", "3", "--json", str(out)]) == 0

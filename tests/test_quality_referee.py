@@ -5,26 +5,20 @@ and its JSON rows show it, a row below 0.9 marked as memorizing."""
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 import yaml
+from conftest import benchmark_module
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def quality() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("quality_benchmark", REPO / "benchmarks" / "quality.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("quality")
 
 
 def test_the_referee_scores_images_with_the_memorization_ratio_beside_fid(

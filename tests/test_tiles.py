@@ -9,7 +9,6 @@ resuming a tiled checkpoint untiled and back, and `palomino train` with tiles on
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import palomino, tiny, write_yaml
+from conftest import benchmark_module, palomino, tiny, write_yaml
 
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import CPU_TILE_PARAMETERS, Tile, use_tile
@@ -505,11 +504,7 @@ def test_train_with_an_unknown_tiles_word_exits_2_naming_the_field(tmp_path) -> 
 
 def test_the_parallel_benchmark_times_a_tile_in_one_thread_two_threads_and_two_processes(capsys) -> None:
     """benchmarks/tiles.py --parallel: the measure of what a second core gives a tile (docs/speed.md)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tiles.py"
-    spec = importlib.util.spec_from_file_location("tiles_benchmark_parallel", path)
-    assert spec is not None and spec.loader is not None
-    tiles = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiles)
+    tiles = benchmark_module("tiles")
     assert tiles.main(["--parallel", "--model", "ring", "--cells", "3", "--batches", "2", "--rounds", "1"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert row[0] == "3", row
