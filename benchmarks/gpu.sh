@@ -43,7 +43,7 @@ else
 fi
 export PALOMINO_DATA_DIR=${PALOMINO_DATA_DIR:-$PWD/.data}
 if [ -n "${QUICK:-}" ]; then  # a smoke test of this script (tests/test_gpu_script.py), not a measurement
-  cells=(1 4 9) batches=2 grid=2 iterations=1 rounds=1 width=8
+  cells=(1 2 4) batches=2 grid=2 iterations=1 rounds=1 width=8
 else
   cells=(1 9 36 144 576) batches=100 grid=12 iterations=3 rounds=3 width=64
 fi
