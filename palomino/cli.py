@@ -180,7 +180,6 @@ def _prepare_run(
     written into its config.yaml), its lock held in `holding` (one trainer a run: a second
     --resume of a running one fails, naming the first); a PalominoError names what is wrong."""
     from palomino.config import dump_config, load_config
-    from palomino.data import load_dataset
     from palomino.io import atomic_write
     from palomino.runs import RunDirectory
 
@@ -194,6 +193,8 @@ def _prepare_run(
         raise ConfigError("train: give a CONFIG file, or --resume RUN_DIR")
     else:
         cfg = load_config(config, overrides)
+    from palomino.data import load_dataset  # torch: once the configuration is known good (its errors at once)
+
     dataset = load_dataset(cfg.data, cfg.seed)
     if resume is None:
         out.mkdir(parents=True, exist_ok=True)
@@ -315,10 +316,7 @@ def sample(
     ),
 ) -> None:
     """Draw N samples from the run's best mixture, weights respected (a partitioned run's: the class mixture)."""
-    import numpy as np
-
-    from palomino.runs import Mixture, RunDirectory
-    from palomino.runs.images import picture_of
+    from palomino.runs import RunDirectory
 
     suffix = out.suffix.lower()
     if suffix not in {".npy", ".png"}:
@@ -326,6 +324,12 @@ def sample(
     run = RunDirectory(run_dir)
     if not run.is_run():  # a usage error, as `score` says it
         raise _fail(ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)"))
+    # torch only now: a usage error is told at once, not after seconds of imports.
+    import numpy as np
+
+    from palomino.runs import Mixture
+    from palomino.runs.images import picture_of
+
     try:
         mixture = Mixture.load(run.result_dir)
     except PalominoError as error:
@@ -698,13 +702,14 @@ def score(
     """Score the run's best mixture and every cell's neighbourhood mixture; writes scores.json (printed last)."""
     # Long only by its options' declarations: the body is the next 25 lines.
     from palomino.runs import RunDirectory
+
+    run = RunDirectory(run_dir)
+    if not run.is_run():  # told before the scoring's imports (torch): at once
+        raise _fail(ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)"))
     from palomino.scoring import ScoringOptions, parse_metrics, score_run
     from palomino.scoring.report import scores_table
 
-    run = RunDirectory(run_dir)
     try:
-        if not run.is_run():
-            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml in it)")
         config = run.load_config()
         options = ScoringOptions.build(
             config.scoring,
@@ -760,7 +765,6 @@ def classifier_train(
     from pydantic import ValidationError
 
     from palomino.config import DataConfig
-    from palomino.scoring.classifier import save_classifier, train_classifier
 
     if out.suffix != ".safetensors":
         raise _fail(ConfigError(f"--out {out}: the classifier file must end in .safetensors"))
@@ -769,6 +773,7 @@ def classifier_train(
     except ValidationError as error:
         flags = {"name": f"--data {data}", "dir": "--data-dir"}
         raise _fail(ConfigError(describe_validation(error, lambda field: flags.get(field, field)))) from None
+    from palomino.scoring.classifier import save_classifier, train_classifier  # torch: after the usage errors
 
     def on_epoch(epoch: int, total: int, loss: float) -> None:
         stderr.print(f"epoch {epoch}/{total}: loss {loss:.4f}", highlight=False)

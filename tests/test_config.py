@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +223,30 @@ def test_cli_resume_of_a_non_run_directory(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "not a run directory" in lines[0], result.stderr
+
+
+# A usage error is told before torch loads (seconds on a small machine): the command line run with
+# torch made unimportable must still say what is wrong, exit 2, and show no traceback.
+WITHOUT_TORCH = "import sys; sys.modules['torch'] = None; from palomino.cli import run; run(sys.argv[1:])"
+USAGE_ERRORS = [
+    ("train-bad-config", ["train", "{config}"], "grid.rows"),
+    ("train-resume-not-a-run", ["train", "--resume", "{empty}"], "not a run directory"),
+    ("sample-bad-suffix", ["sample", "{empty}", "--n", "5", "--out", "x.csv"], ".npy or .png"),
+    ("sample-not-a-run", ["sample", "{empty}", "--n", "5", "--out", "x.npy"], "not a run directory"),
+    ("score-not-a-run", ["score", "{empty}"], "not a run directory"),
+    ("classifier-bad-out", ["classifier", "train", "--data", "mnist", "--out", "x.txt"], ".safetensors"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), [c[1:] for c in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
+def test_usage_errors_are_told_before_torch_loads(tmp_path: Path, args: list[str], needle: str) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.yaml").write_text("grid:\n  rows: 0\n")
+    names = {"config": str(tmp_path / "bad.yaml"), "empty": str(tmp_path / "empty")}
+    command = [sys.executable, "-c", WITHOUT_TORCH, *(a.format(**names) for a in args)]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2 and needle in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "torch" not in result.stderr
 
 
 # ---- the reference in docs/configuration.md -----------------------------------------------------
