@@ -362,3 +362,43 @@ def test_one_register_announces_every_idle_slot_of_a_process(tmp_path: Path) -> 
     slots = {w: orchestrator.workers[w] for w in ("n/0", "n/1", "n/2")}
     assert all(w.idle and w.block == "n" and w.host == "h" for w in slots.values())
     assert len(orchestrator.workers) == 4 + 3  # the layout's four, and each slot once
+
+
+def test_an_ended_experiment_keeps_which_cells_finished_but_not_their_bytes(tmp_path: Path) -> None:
+    """A finished experiment stays listed for the retention (a week): its cells' mixtures and
+    pictures are on disk by then, and the orchestrator must not hold them too — nor read them
+    back when it restarts."""
+    import json
+
+    from palomino.services.orchestrator.experiment_store import read_states
+
+    orchestrator, experiment = running_2x2(tmp_path)
+    mixtures = {coord: f"mixture of {coord}".encode() * 1000 for coord in experiment.cells}
+
+    async def finish() -> None:
+        for coord, worker in list(experiment.cells.items()):
+            await orchestrator.results.on_done(experiment, done(worker, tuple(coord)), mixtures[coord])
+
+    asyncio.run(finish())
+    assert experiment.state == "finished" and set(experiment.done) == set(experiment.cells)
+    assert all(r.payload == b"" and r.samples_png == b"" for r in experiment.done.values())
+    for coord, mixture in mixtures.items():  # on disk, as they arrived
+        assert (experiment.run.path / "collected" / str(coord) / "mixture.safetensors").read_bytes() == mixture
+    assert (experiment.run.result_dir / "mixture.safetensors").read_bytes() in mixtures.values()
+
+    [(run_dir, saved)] = list(read_states(tmp_path))
+    again = Experiment.from_saved(run_dir, json.loads(json.dumps(saved)))
+    assert again.state == "finished" and set(again.done) == set(experiment.cells)
+    assert all(r.payload == b"" and r.score == 0.1 for r in again.done.values())
+
+    # A running one keeps them: a relayout or a restart may still need them to write result/.
+    orchestrator, running = running_2x2(tmp_path / "running")
+    asyncio.run(orchestrator.results.on_done(running, done("w0", (0, 0)), b"mixture"))
+    assert running.done[Coord(0, 0)].payload == b"mixture"
+
+
+def test_a_stopped_experiment_lets_go_of_its_results_bytes(tmp_path: Path) -> None:
+    orchestrator, experiment = running_2x2(tmp_path)
+    asyncio.run(orchestrator.results.on_done(experiment, done("w0", (0, 0)), b"mixture"))
+    asyncio.run(orchestrator.placement.end(experiment, "stopped", "deleted by its owner"))
+    assert experiment.done[Coord(0, 0)].payload == b""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,13 @@ class Experiment:
             **({"classes": self.partition.describe()} if self.partition else {}),
         }
 
+    def release_results(self) -> None:
+        """Once it has ended, its cells' results are on disk (collected/, result/) and their score
+        jobs queued: keep which cells finished, not their mixtures' and pictures' bytes. An ended
+        experiment stays listed for the retention (a week by default), and each had held ~0.5 MB a
+        cell: a long-lived orchestrator grew by every experiment it ran."""
+        self.done = {coord: replace(r, payload=b"", samples_png=b"") for coord, r in self.done.items()}
+
     def shape_of(self, coord: Coord) -> tuple[int, int]:
         """rows×cols an Assign/Resize tells the cell at `coord`: its class's sub-grid, else the grid."""
         if self.partition is not None:
@@ -144,7 +151,7 @@ class Experiment:
         experiment.failures = list(saved.get("failures", []))
         experiment.laid_out = {parse_coord(c) for c in saved.get("laid_out", [])}
         experiment.history_since = {parse_coord(c): int(e) for c, e in saved.get("history_since", {}).items()}
-        collected = read_collected(run.path, list(saved.get("done", [])))
+        collected = read_collected(run.path, list(saved.get("done", [])), with_bytes=not experiment.finished)
         experiment.done = {parse_coord(c): result for c, result in collected.items()}
         experiment.recorded = {
             (cell_name(r["cell"]), int(r["iteration"])) for r in run.metrics() if "cell" in r and "iteration" in r

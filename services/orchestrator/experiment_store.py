@@ -63,17 +63,19 @@ def write_collected(run_dir: Path, result: CellResult) -> None:
     atomic_write(folder / "result.json", json.dumps(side).encode())
 
 
-def read_collected(run_dir: Path, cells: list[str]) -> dict[str, CellResult]:
-    """The kept results of `cells` (those that are readable)."""
+def read_collected(run_dir: Path, cells: list[str], with_bytes: bool = True) -> dict[str, CellResult]:
+    """The kept results of `cells` (those that are readable); without their mixtures' and pictures'
+    bytes where `with_bytes` is false (an ended experiment's: Experiment.release_results)."""
     found = {}
     for cell in cells:
         folder = Path(run_dir) / COLLECTED / cell
         try:
             side = json.loads((folder / "result.json").read_text())
+            payload = (folder / "mixture.safetensors").read_bytes() if with_bytes else b""
+            png = base64.b64decode(side.get("samples_png", "")) if with_bytes else b""
             found[cell] = CellResult(
                 cell, float(side["score"]), list(side["components"]), [float(w) for w in side["weights"]],
-                (folder / "mixture.safetensors").read_bytes(), json.loads((folder / "mixture.json").read_text()),
-                base64.b64decode(side.get("samples_png", "")), trained_at=str(side.get("trained_at", "")),
+                payload, json.loads((folder / "mixture.json").read_text()), png, trained_at=str(side.get("trained_at", "")),
             )  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning(

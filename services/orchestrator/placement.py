@@ -78,6 +78,7 @@ class Placement:
         experiment.state, experiment.reason, experiment.ended_at = state, reason, time.time()
         self.prefetch(experiment, ())  # lookups for cells it will never restore
         await asyncio.to_thread(experiment.persist)
+        experiment.release_results()
         self.shared.boards.end(experiment)
         stop = Stop(experiment=experiment.id, reason=reason or state)
         working = self.shared.working_on(experiment)

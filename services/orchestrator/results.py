@@ -131,6 +131,7 @@ class Results:
                 experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score}
             )
             await self._enqueue_scoring(experiment, best)
+            experiment.release_results()
             await self.placement.forget_all_published(experiment)
 
     async def _enqueue_scoring(self, experiment: Experiment, best: CellResult) -> None:
