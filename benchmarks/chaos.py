@@ -468,7 +468,10 @@ def judge_run(run_dir: Path, summary: dict[str, Any], iterations: int) -> dict[s
     (each loads), result, samples and scores of one experiment."""
     from palomino.runs.checkpoints import list_iterations, read_checkpoint
 
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = run_dir / "metrics.jsonl"  # absent where no cell ever recorded: every iteration is then missing
+    records = (
+        [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    )
     keys = [(f"{r['cell'][0]}-{r['cell'][1]}", r["iteration"]) for r in records]
     missing = 0
     for cell in summary["cells"]:
