@@ -26,7 +26,7 @@ one). Then it lets the last experiment finish and judges:
 
 The kill schedule is drawn from `--seed`: the same seed kills the same services at the same times.
 Exit 0 when the verdict holds (every experiment finished, nothing lost or twice, every checkpoint
-loads, no stall longer than twice the longest restart, no service past twice its memory), else 1.
+loads, no stall longer than twice the longest restart or two TTLs, no service past twice its memory), else 1.
 """
 
 from __future__ import annotations
@@ -589,8 +589,13 @@ def verdict(soak: Soak, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
             problems.append(f"{e['id']}: result {e['result']}, samples {e['samples']}, scored {e['scored']}")
     if any(k.get("restart_s") is None for k in soak.kills):
         problems.append("a killed service did not come back (see kills)")
-    if soak.longest_stall > 2 * longest_restart:
-        problems.append(f"a stall of {soak.longest_stall:.0f} s, over twice the longest restart ({longest_restart} s)")
+    # Twice the longest restart, and never under two heartbeat TTLs: with no kill (a soak for memory,
+    # --period past --duration) the restart is 0 s, and an experiment's own start is a gap of seconds.
+    if soak.longest_stall > max(2 * longest_restart, 2 * args.ttl):
+        problems.append(
+            f"a stall of {soak.longest_stall:.0f} s, over twice the longest restart ({longest_restart} s)"
+            f" and two heartbeat TTLs ({2 * args.ttl:g} s)"
+        )
     for name, m in report["memory_mib"].items():
         if m["growth"] is not None and m["growth"] > 2:
             problems.append(f"{name}'s memory grew {m['growth']}×")
