@@ -164,6 +164,8 @@ def _stack_environment(settings: ServiceSettings, config_yaml: str, port: int) -
         # Its own experiment's data folder is allowed: the user who runs `up` chose it.
         "PALOMINO_DATA_ROOTS": _roots_with(settings.data_roots, data_dir),
         "PALOMINO_TENSORBOARD": str(Path(settings.tensorboard).resolve()) if settings.tensorboard else "",
+        # Two malloc arenas, not one a thread: long-lived torch services' memory stays flat (docs/distributed.md).
+        "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
     }  # fmt: skip
     return env, token
 

@@ -773,6 +773,7 @@ def test_each_service_image_is_lean_and_non_root(name: str) -> None:
     if name in {"cell", "scorer"}:  # torch, CPU by default, CUDA by a build argument
         assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
         assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
+        assert re.search(r"^\s+MALLOC_ARENA_MAX=2 \\$", text, re.M), "long-lived torch services: two malloc arenas"
     else:  # no torch: the package without its dependencies, then the service's own
         assert "pip install --no-deps ." in text and "TORCH_VARIANT" not in text
     assert re.search(r"^USER 10001:10001$", text, re.M)  # numeric: runAsNonRoot can verify it
@@ -782,6 +783,18 @@ def test_each_service_image_is_lean_and_non_root(name: str) -> None:
         for copied in [a for a in line.split() if not a.startswith("--")][:-1]:  # sources; the last is the destination
             top = copied.split("/")[0]
             assert {f"!{top}", f"!{top}/", f"!{copied}"} & set(ignored), f"{copied} is ignored by .dockerignore"
+
+
+def test_the_torch_services_run_with_two_malloc_arenas_wherever_they_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images set it (above); Apptainer (and so Slurm) and `palomino up` too, a user's own value kept."""
+    from palomino.services.common.service_settings import ServiceSettings
+    from palomino.services.local import _stack_environment
+
+    assert 'export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"' in (REPO / "apptainer" / "palomino.def").read_text()
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert _stack_environment(ServiceSettings(), "", 8000)[0]["MALLOC_ARENA_MAX"] == "2"
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert _stack_environment(ServiceSettings(), "", 8000)[0]["MALLOC_ARENA_MAX"] == "4"
 
 
 def test_every_dockerfile_passes_hadolint() -> None:
