@@ -407,7 +407,8 @@ def parallel(args: argparse.Namespace, dataset: Dataset) -> None:
         # Each process builds the same cells (one seed) and trains its half; both start together.
         command = [sys.executable, __file__, "--model", args.model, "--width", str(args.width), "--cells", str(k)]
         command += ["--batches", str(args.batches), "--rounds", str(args.rounds), "--device", args.device]
-        command += ["--data-dir", str(args.data_dir)]
+        command += ["--data-dir", str(args.data_dir), "--threads", str(args.threads)]
+        command += ["--matmul-precision", args.matmul_precision]  # the children measure what the threads did
         children = [
             subprocess.Popen([*command, "--half", str(half)], stdout=subprocess.PIPE, text=True) for half in (0, 1)
         ]
