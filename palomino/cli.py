@@ -264,7 +264,9 @@ def _report_outcome(outcome: TrainOutcome, run_path: Path) -> None:
     elif outcome.finished and outcome.best_cell == "grid":
         stderr.print(f"result: the whole grid's ensemble, held-out score {outcome.best_score:.4g}", highlight=False)
     elif outcome.finished:
-        stderr.print(f"best mixture: cell {outcome.best_cell}, MMD² {outcome.best_score:.4g}", highlight=False)
+        stderr.print(
+            f"best mixture: cell {outcome.best_cell}, {outcome.score_name} {outcome.best_score:.4g}", highlight=False
+        )
     else:
         stderr.print(f"stopped; checkpoints written. Continue with: palomino train --resume {run_path}")
     print(run_path)

@@ -7,7 +7,7 @@ No sockets, files or clocks here; runners measure time and move snapshots.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ import torch
 
 from palomino.coevolution import cell_state
 from palomino.coevolution.cell_data import CellData, cell_dataset, cell_seed
+from palomino.coevolution.ensemble_search import FrechetScore
 from palomino.coevolution.fitness import aggregate, fitness_tables, generate
 from palomino.coevolution.individual import Individual, Population, Role
 from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights
@@ -27,6 +28,7 @@ from palomino.data import Dataset, label_count
 from palomino.grid import ClassGrid, Coord, Topology
 from palomino.nn import apply, get_loss
 from palomino.nn.host import scalar, to_host
+from palomino.nn.lipizzaner_cnn import IMAGE_SHAPE, lipizzaners_mnist_cnn
 from palomino.nn.stacked import stackable
 from palomino.wire import Snapshot
 
@@ -117,6 +119,7 @@ class Cell:
         self.score = float("nan")
         self.data = CellData(dataset, self.rng, self.device, labelled=self.conditional)
         self.training = Training(config.training, self.data, self.rng, self.torch_rng, config.network.latent_dim)
+        self._features: torch.nn.Module | None = None  # mixture.score fid: Lipizzaner's CNN, once needed
 
     def relocate(self, coord: Coord, topology: Topology | ClassGrid) -> None:
         """Move to another coordinate / grid (a distributed run shrank); the individuals come along."""
@@ -162,7 +165,7 @@ class Cell:
     def iterate(self, neighbours: Mapping[Coord, Snapshot]) -> IterationReport:
         """Run one iteration against the given neighbour snapshots (one per neighbour at most)."""
         selected = self.select(neighbours)
-        steps = self._train(selected.generators, selected.discriminators)
+        steps = self._train(selected.generators, selected.discriminators, (selected.frozen_g, selected.frozen_d))
         return self.complete(selected, steps)
 
     def select(self, neighbours: Mapping[Coord, Snapshot]) -> Selected:
@@ -191,7 +194,7 @@ class Cell:
         need a fitness: against every neighbour, as always."""
         draw = prepared.draw
         fakes = self._generate(prepared.all_g, draw.z, draw.labels)
-        alone = self.config.training.selection.migration == 0
+        alone = not self._tournament()
         g_table, d_table = fitness_tables(
             fakes,
             [d.network for d in prepared.all_d],
@@ -205,7 +208,7 @@ class Cell:
 
     def fitness_job(self, prepared: Prepared) -> FitnessJob:
         """What `fitness` evaluates, for a tile to evaluate with its other cells' (tile_fitness.py)."""
-        alone = self.config.training.selection.migration == 0
+        alone = not self._tournament()
         return self._job(
             prepared.draw,
             prepared.all_g,
@@ -237,9 +240,33 @@ class Cell:
         all_g, all_d = prepared.all_g, prepared.all_d
         self._assign(all_g[: len(g_table)], g_table, dim=1)
         self._assign(all_d[: d_table.shape[1]], d_table, dim=0)
-        new_g = self._select(all_g, len(self.generators), clone)
-        new_d = self._select(all_d, len(self.discriminators), clone)
-        return Selected(new_g, new_d, prepared.others, prepared.foreign_g, all_d, prepared.draw, fakes, prepared.heard)
+        if not self.config.training.selection.enabled:
+            # Lipizzaner without selection: the cell's own train, against the whole neighbourhood.
+            own_g, own_d = list(self.generators), list(self.discriminators)
+            new_g = [ind.clone() for ind in own_g] if clone else own_g
+            new_d = [ind.clone() for ind in own_d] if clone else own_d
+            frozen_g, frozen_d = prepared.foreign_g, all_d[len(own_d) :]
+        else:
+            new_g = self._select(all_g, len(self.generators), clone)
+            new_d = self._select(all_d, len(self.discriminators), clone)
+            frozen_g, frozen_d = [], []
+        return Selected(
+            new_g,
+            new_d,
+            prepared.others,
+            prepared.foreign_g,
+            all_d,
+            prepared.draw,
+            fakes,
+            prepared.heard,
+            frozen_g,
+            frozen_d,
+        )
+
+    def _tournament(self) -> bool:
+        """Whether neighbours can enter the cell's populations, so that theirs need a fitness too."""
+        selection = self.config.training.selection
+        return selection.enabled and selection.migration > 0
 
     def complete(self, selected: Selected, steps: Steps) -> IterationReport:
         """The iteration after training: re-evaluation, replacement, the mixture, the report.
@@ -318,11 +345,24 @@ class Cell:
         labels = self.data.sampled_labels(per_component)
         return MixtureDraw(keys, weights, generators, z, labels, self.data.random(samples)[0])
 
-    def mixture_of(self, draw: MixtureDraw) -> MixtureScore:
-        """The score of any weighting of the drawn mixture (MMD² against its real draw)."""
-        return MixtureScore.from_samples(self._generate(draw.generators, draw.z, draw.labels), draw.real)
+    def mixture_of(self, draw: MixtureDraw) -> MixtureScore | FrechetScore:
+        """The score of any weighting of the drawn mixture against its real draw (training.mixture.score)."""
+        return self._mixture_score_of(self._generate(draw.generators, draw.z, draw.labels), draw.real)
 
-    def apply_mixture(self, draw: MixtureDraw, score: MixtureScore) -> None:
+    @torch.no_grad()
+    def _mixture_score_of(self, fakes: list[torch.Tensor], real: torch.Tensor) -> MixtureScore | FrechetScore:
+        if self.config.training.mixture.score == "mmd":
+            return MixtureScore.from_samples(fakes, real)
+        if self._features is None:  # Lipizzaner's MNIST CNN, loaded once a cell
+            self._features = lipizzaners_mnist_cnn(self.device)
+        net = self._features
+
+        def logits(images: torch.Tensor) -> torch.Tensor:  # generator space [−1, 1] → the net's [0, 1]
+            return net((images.reshape(-1, *IMAGE_SHAPE).float() + 1) / 2)
+
+        return FrechetScore.from_features([logits(f) for f in fakes], logits(real))
+
+    def apply_mixture(self, draw: MixtureDraw, score: MixtureScore | FrechetScore) -> None:
         """The (1+1)-ES's steps on the mixture's weights, judged by `score`."""
         mixture = self.config.training.mixture
         weights, self.score = evolve_weights(draw.weights, score, mixture.sigma, mixture.es_steps, self.rng)
@@ -360,6 +400,8 @@ class Cell:
 
     def _replace(self, population: Population, trained: list[Individual]) -> Population:
         training = self.config.training
+        # Without selection the trained are the cell's own individuals, trained on: they go on.
+        policy = training.selection.replacement if training.selection.enabled else "generational"
         return Population(
             replace(
                 list(population),
@@ -367,7 +409,7 @@ class Cell:
                 trained,
                 [i.fitness for i in trained],
                 training.replacements,
-                training.selection.replacement,
+                policy,
             )
         )
 
@@ -377,14 +419,19 @@ class Cell:
     ) -> list[torch.Tensor]:
         return generate([g.network for g in generators], z, labels)
 
-    def _train(self, new_g: list[Individual], new_d: list[Individual]) -> Steps:
-        return self.training.run(new_g, new_d, self.iteration)
+    def _train(
+        self,
+        new_g: list[Individual],
+        new_d: list[Individual],
+        frozen: tuple[list[Individual], list[Individual]] = ([], []),
+    ) -> Steps:
+        return self.training.run(new_g, new_d, self.iteration, *frozen)
 
-    def mixture_score(self, generators: list[Individual], samples: int) -> MixtureScore:
+    def mixture_score(self, generators: list[Individual], samples: int) -> MixtureScore | FrechetScore:
         per_component = max(2, -(-samples // len(generators)))
         z = self._noise(per_component)
         fakes = self._generate(generators, z, self.data.sampled_labels(per_component))
-        return MixtureScore.from_samples(fakes, self.data.random(samples)[0])
+        return self._mixture_score_of(fakes, self.data.random(samples)[0])
 
     def picture_labels(self, n: int) -> torch.Tensor | None:
         """Labels for a picture of n conditional samples: each class in turn, in equal blocks."""
@@ -405,7 +452,7 @@ class Cell:
     def snapshot(self) -> Snapshot:
         """What neighbours get: Adam's moments only where one may take an individual into its
         population (migration > 0); a cell without migration only evaluates and trains against them."""
-        return cell_state.snapshot(self, moments=self.config.training.selection.migration > 0)
+        return cell_state.snapshot(self, moments=self._tournament())
 
     def neighbourhood_mixture(self, neighbours: Mapping[Coord, Snapshot]) -> list[tuple[str, float, Individual]]:
         """The cell's mixture components as it sees them now: (coord, weight, generator)."""
@@ -451,6 +498,9 @@ class Selected:
     draw: FitnessDraw
     fakes: list[torch.Tensor]
     heard: dict[str, int]  # neighbour → the iteration of its snapshot
+    # Opponents that train nothing (selection off: the neighbours' copies, after the cell's own).
+    frozen_g: list[Individual] = field(default_factory=list)
+    frozen_d: list[Individual] = field(default_factory=list)
 
 
 @dataclass

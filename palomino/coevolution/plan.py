@@ -32,7 +32,7 @@ class MemberStep:
     """One individual's step in one batch."""
 
     rate: float  # its learning rate after this step's mutation (before the decay's scale)
-    opponent: int  # index into the other role's selected individuals
+    opponent: int  # index into the other role's pool: its selected individuals, then any frozen ones
     noise: int  # row of the plan's noise
     labels: int | None = None  # a conditional generator's row of the plan's label draws
     eps: int | None = None  # a discriminator's row of the plan's penalty interpolations
@@ -67,11 +67,15 @@ def draw_plan(
     latent: int,
     rates: tuple[list[float], list[float]],
     batches_per_iteration: int,
+    pools: tuple[int, int] | None = None,
 ) -> IterationPlan:
     """The plan of one iteration of `batches_per_iteration` steps for selected sub-populations
     whose rates are `rates` (generators, discriminators). Draws from `rng` exactly as the steps
-    used to, step by step."""
+    used to, step by step. `pools`: how many individuals of each role an opponent is drawn from
+    (the members that step first, then frozen ones; none: the members alone)."""
     g_rates, d_rates = list(rates[0]), list(rates[1])
+    g_pool, d_pool = pools or (len(g_rates), len(d_rates))
+    shared = config.selection.opponents == "per_batch"  # Lipizzaner: one opponent a batch for all
     skip = config.discriminator_skip_each_nth_step
     batches, steps, label_draws, torch_draws = [], [], [], []  # torch_draws: "noise" / "eps", in order
     drawn = {"noise": 0, "eps": 0}
@@ -85,10 +89,15 @@ def draw_plan(
         return drawn[kind] - 1
 
     def mutate(rates: list[float], member: int) -> float:
-        (rates[member],) = mutate_learning_rates(
+        (rate,) = mutate_learning_rates(
             [rates[member]], config.learning_rate, mutation.probability, mutation.alpha, rng
         )
+        if mutation.reaches_optimizer:  # else drawn and dropped, as Lipizzaner's rebuilt Adam drops it
+            rates[member] = rate
         return rates[member]
+
+    def opponent(pool: int, drawn: int | None) -> int:
+        return drawn if drawn is not None else int(rng.integers(pool))
 
     for step in range(batches_per_iteration):
         batches.append(data.next_indices(config.batch_size))
@@ -97,18 +106,20 @@ def draw_plan(
         g_steps: list[MemberStep] = []
         d_steps: list[MemberStep] = []
         if loss != "wgan_gp" or step % config.n_critic == 0:
+            shared_d = int(rng.integers(d_pool)) if shared and g_rates else None
             for member in range(len(g_rates)):
                 rate = mutate(g_rates, member)
-                move = MemberStep(rate, int(rng.integers(len(d_rates))), noise=-1)
+                move = MemberStep(rate, opponent(d_pool, shared_d), noise=-1)
                 if data.labels is not None:
                     move.labels = len(label_draws)
                     label_draws.append(data.label_indices(size))
                 move.noise = take("noise")
                 g_steps.append(move)
         if skip == 0 or step % (skip + 1) == 0:
+            shared_g = int(rng.integers(g_pool)) if shared and d_rates else None
             for member in range(len(d_rates)):
                 rate = mutate(d_rates, member)
-                move = MemberStep(rate, int(rng.integers(len(g_rates))), noise=take("noise"))
+                move = MemberStep(rate, opponent(g_pool, shared_g), noise=take("noise"))
                 if get_loss(loss).gp_weight:
                     move.eps = take("eps")
                 d_steps.append(move)

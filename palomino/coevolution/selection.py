@@ -37,6 +37,23 @@ def replace_worst(
     return [item for _, item in joined]
 
 
+def replace_if_fitter(
+    local: list[T], local_fitness: Sequence[float], new: list[T], new_fitness: Sequence[float], n: int
+) -> list[T]:
+    """Lipizzaner's replacement: with `local` sorted best first, its (n−i)-th worst gives way to the
+    i-th best of `new` (i < n; so the best trained one faces the n-th worst, as Lipizzaner pairs
+    them) only where that one is strictly fitter; result sorted best first."""
+    order = sorted(range(len(local)), key=lambda i: local_fitness[i])
+    best_new = sorted(range(len(new)), key=lambda i: new_fitness[i])[:n]
+    joined = [(local_fitness[i], local[i]) for i in order]
+    for rank, candidate in enumerate(best_new):
+        slot = len(joined) - len(best_new) + rank
+        if slot >= 0 and new_fitness[candidate] < joined[slot][0]:
+            joined[slot] = (new_fitness[candidate], new[candidate])
+    joined.sort(key=lambda pair: pair[0])
+    return [item for _, item in joined]
+
+
 def generational(new: list[T], new_fitness: Sequence[float]) -> list[T]:
     """(μ,λ) replacement: the trained offspring replace the whole local population, best first.
     Unlike `replace_worst`, no local individual survives for being fit once (Toutouh & Casas 2025)."""
@@ -50,11 +67,13 @@ def replace(
     new: list[T],
     new_fitness: Sequence[float],
     n: int,
-    policy: Literal["elitist", "generational"],
+    policy: Literal["elitist", "generational", "if_fitter"],
 ) -> list[T]:
     """The next local population under `policy` (training.selection.replacement)."""
     if policy == "generational":
         return generational(new, new_fitness)
+    if policy == "if_fitter":
+        return replace_if_fitter(local, local_fitness, new, new_fitness, n)
     return replace_worst(local, local_fitness, new, new_fitness, n)
 
 

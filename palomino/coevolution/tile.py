@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from palomino.coevolution.cell import Cell, IterationReport, MixtureDraw, Prepared, Selected
+from palomino.coevolution.ensemble_search import FrechetScore
 from palomino.coevolution.mixture_weights import MixtureScore
 from palomino.coevolution.tile_fitness import batchable, generate_each, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile
@@ -94,7 +95,14 @@ class Tile:
                 )
             )
             lanes = [
-                Lane(cell.training, chosen.generators, chosen.discriminators, cell.iteration)
+                Lane(
+                    cell.training,
+                    chosen.generators,
+                    chosen.discriminators,
+                    cell.iteration,
+                    chosen.frozen_g,
+                    chosen.frozen_d,
+                )
                 for cell, chosen in zip(self.cells, selected)
             ]
             parts = _split(lanes, self.workers)
@@ -134,13 +142,14 @@ class Tile:
 
         return self._per_stack(part_tables, run)
 
-    def _mixtures(self, draws: list[MixtureDraw], run: Callable) -> list[MixtureScore]:
+    def _mixtures(self, draws: list[MixtureDraw], run: Callable) -> list[MixtureScore | FrechetScore]:
         """Every cell's mixture score: one batched scoring per stack where allowed (`batched`, one
         architecture of perceptrons, the same numbers of components and samples), else cell by cell."""
 
-        def part_scores(indices: list[int]) -> list[MixtureScore]:
+        def part_scores(indices: list[int]) -> list[MixtureScore | FrechetScore]:
             chosen = [draws[i] for i in indices]
-            if self.batched and _same_mixture(chosen):
+            mmd = self.cells[0].config.training.mixture.score == "mmd"  # fid: each cell's own features
+            if self.batched and mmd and _same_mixture(chosen):
                 networks = [[g.network for g in draw.generators] for draw in chosen]
                 labels = None if chosen[0].labels is None else torch.stack([d.labels for d in chosen])  # type: ignore[misc]
                 fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels, self.exact)

@@ -39,6 +39,9 @@ class Lane:
     generators: list[Individual]
     discriminators: list[Individual]
     iteration: int
+    # Opponents that never step (selection off: the neighbours' copies), stacked after the members.
+    frozen_generators: list[Individual] = field(default_factory=list)
+    frozen_discriminators: list[Individual] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
@@ -242,10 +245,15 @@ class _Lockstep:
     def __init__(self, lanes: list[Lane], data: TileData) -> None:
         self.config = lanes[0].training.config
         self.lanes = lanes
-        self.g = _Role.of([lane.generators for lane in lanes])
-        self.d = _Role.of([lane.discriminators for lane in lanes])
+        self.g = _Role.of([[*lane.generators, *lane.frozen_generators] for lane in lanes])
+        self.d = _Role.of([[*lane.discriminators, *lane.frozen_discriminators] for lane in lanes])
         self.scales = [decay_factor(self.config.decay, lane.iteration / self.config.iterations) for lane in lanes]
-        self.plans = [lane.training.plan(lane.generators, lane.discriminators) for lane in lanes]
+        self.plans = [
+            lane.training.plan(
+                lane.generators, lane.discriminators, (len(lane.frozen_generators), len(lane.frozen_discriminators))
+            )
+            for lane in lanes
+        ]
         self.steps = [Steps(losses_used=Counter(plan.losses_used)) for plan in self.plans]
         self.device = self.g.params[self.g.layout.names[0]].device
         self.tables = _Tables(lanes, self.plans, self.g, self.d, data)

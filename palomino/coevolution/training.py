@@ -61,14 +61,30 @@ class Training:
     def batches_per_iteration(self) -> int:
         return self.config.batches_per_iteration or max(1, len(self.data) // self.config.batch_size)
 
-    def plan(self, new_g: list[Individual], new_d: list[Individual]) -> IterationPlan:
-        """This iteration's draws, from the cell's streams in the order the steps use them."""
+    def plan(self, new_g: list[Individual], new_d: list[Individual], frozen: tuple[int, int] = (0, 0)) -> IterationPlan:
+        """This iteration's draws, from the cell's streams in the order the steps use them;
+        `frozen`: how many opponents of each role stand behind the members without stepping."""
         rates = ([ind.learning_rate for ind in new_g], [ind.learning_rate for ind in new_d])
+        pools = (len(new_g) + frozen[0], len(new_d) + frozen[1])
         return draw_plan(
-            self.config, self.data, self.rng, self.torch_rng, self.latent_dim, rates, self.batches_per_iteration()
+            self.config,
+            self.data,
+            self.rng,
+            self.torch_rng,
+            self.latent_dim,
+            rates,
+            self.batches_per_iteration(),
+            pools,
         )
 
-    def run(self, new_g: list[Individual], new_d: list[Individual], iteration: int) -> Steps:
+    def run(
+        self,
+        new_g: list[Individual],
+        new_d: list[Individual],
+        iteration: int,
+        frozen_g: list[Individual] | None = None,
+        frozen_d: list[Individual] | None = None,
+    ) -> Steps:
         """Each batch: every selected generator steps against a random selected discriminator,
         then every selected discriminator against a random selected generator (Lipizzaner's
         order and opponents: the sub-populations that selection drew from the neighbourhood,
@@ -76,11 +92,14 @@ class Training:
 
         Conditional networks: the generator's labels are drawn from the class priors; the
         discriminator sees the real batch with its labels and fakes made with the same labels.
-        Every draw comes from the iteration's plan (plan.py), which a tile executes too."""
+        Every draw comes from the iteration's plan (plan.py), which a tile executes too.
+        `frozen_g`, `frozen_d`: opponents that never step (Lipizzaner without selection: the
+        neighbours' copies), drawn from after the members."""
         training = self.config
         scale = decay_factor(training.decay, iteration / training.iterations)
         params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
-        plan = self.plan(new_g, new_d)
+        pool_g, pool_d = [*new_g, *(frozen_g or [])], [*new_d, *(frozen_d or [])]
+        plan = self.plan(new_g, new_d, (len(pool_g) - len(new_g), len(pool_d) - len(new_d)))
         device = self.data.device
         batches = upload(torch.from_numpy(plan.batches), device)  # the iteration's batches in one copy
         label_rows = None if plan.label_draws is None else upload(torch.from_numpy(plan.label_draws), device)
@@ -91,7 +110,7 @@ class Training:
             steps.losses_used[drawn.loss] += 1
             for ind, move in zip(new_g, drawn.generators):
                 ind.set_learning_rate(move.rate, scale)
-                opponent = new_d[move.opponent]
+                opponent = pool_d[move.opponent]
                 labels = None
                 if move.labels is not None and label_rows is not None and self.data.labels is not None:
                     labels = self.data.labels[label_rows[move.labels]]
@@ -101,7 +120,7 @@ class Training:
                 steps.generator.append(_step(ind, value, params[id(ind)], drawn.loss))
             for ind, move in zip(new_d, drawn.discriminators):
                 ind.set_learning_rate(move.rate, scale)
-                opponent = new_g[move.opponent]
+                opponent = pool_g[move.opponent]
                 with torch.no_grad():
                     fake = apply(opponent.network, plan.noise[move.noise], real_labels)
                 eps = None if move.eps is None or plan.eps is None else plan.eps[move.eps]

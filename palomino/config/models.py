@@ -104,17 +104,30 @@ class FitnessConfig(_Strict):
     )
 
 
-class MixtureConfig(_Strict):
+class MixtureConfig(_QuietNewKeys):
     sigma: float = Field(0.01, gt=0, le=10, description="std of the (1+1)-ES Gaussian step on mixture weights")
     score_samples: int = Field(
-        256, ge=10, le=100_000, description="samples drawn per iteration for the in-cell mixture score (kernel MMD²)"
+        256, ge=10, le=100_000, description="samples drawn per iteration for the in-cell mixture score"
     )
     es_steps: int = Field(1, ge=0, le=10_000, description="(1+1)-ES proposals on the mixture weights per iteration")
+    score: Literal["mmd", "fid"] = Field(
+        "mmd",
+        description="the in-cell mixture score the ES minimises. mmd: kernel MMD² against real samples, on pixels; "
+        "fid (Lipizzaner): the Fréchet distance on Lipizzaner's MNIST CNN's 10 logits (its own weights, bundled), "
+        "for 28×28 grey images (mnist, fashion_mnist)",
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("score",)
 
 
-class MutationConfig(_Strict):
+class MutationConfig(_QuietNewKeys):
     probability: float = Field(0.5, ge=0, le=1, description="chance a learning rate mutates at a step")
     alpha: float = Field(0.0001, ge=0, le=1, description="learning-rate step: lr += alpha · N(−lr₀/10, lr₀)")
+    reaches_optimizer: bool = Field(
+        True,
+        description="false: Lipizzaner's effect — the mutation is drawn (the random stream as with it) but Adam keeps "
+        "the rate it started with, as Lipizzaner's optimiser, rebuilt from its saved state each batch, does",
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("reaches_optimizer",)
 
 
 class EnsembleConfig(_QuietNewKeys):
@@ -148,8 +161,15 @@ class EnsembleConfig(_QuietNewKeys):
     _quiet: ClassVar[tuple[str, ...]] = ("critic",)
 
 
-class SelectionConfig(_Strict):
+class SelectionConfig(_QuietNewKeys):
     """How neighbours' individuals enter a cell (see docs/engine.md, 'Diversity')."""
+
+    enabled: bool = Field(
+        True,
+        description="false: Lipizzaner's enable_selection off — no tournament and no replacement; the cell's own "
+        "individuals train, each batch against an opponent drawn from the whole neighbourhood (the neighbours' "
+        "copies frozen); docs/lipizzaner.md",
+    )
 
     migration: float = Field(
         1.0,
@@ -165,11 +185,18 @@ class SelectionConfig(_Strict):
         description="a neighbour's individual counts this much worse in the tournament: it replaces the cell's own "
         "lineage only when clearly fitter",
     )
-    replacement: Literal["elitist", "generational"] = Field(
+    replacement: Literal["elitist", "generational", "if_fitter"] = Field(
         "elitist",
         description="elitist: the `replacements` worst local individuals give way to the best trained ones; "
-        "generational ((μ,λ)): the trained offspring replace the whole local population",
+        "generational ((μ,λ)): the trained offspring replace the whole local population; if_fitter (Lipizzaner): "
+        "as elitist, but a worst local individual gives way only to a strictly fitter trained one",
     )
+    opponents: Literal["per_member", "per_batch"] = Field(
+        "per_member",
+        description="per_member: each trained individual draws its own opponent each batch; per_batch "
+        "(Lipizzaner): one opponent a batch, shared by every individual of the role",
+    )
+    _quiet: ClassVar[tuple[str, ...]] = ("enabled", "opponents")
 
 
 class DecayConfig(_Strict):
@@ -454,8 +481,9 @@ class MixtureScoring(_Strict):
     )
     extractor: Literal["classifier", "lipizzaner", "inception"] = Field(
         "classifier",
-        description="classifier: a file of palomino classifier train (either architecture); lipizzaner: one of "
-        "Lipizzaner's MNIST CNN (--arch lipizzaner or classifier import), its 10 logits the features, so FIDs "
+        description="classifier: a file of palomino classifier train (either architecture); lipizzaner: "
+        "Lipizzaner's MNIST CNN, its own trained weights (bundled) unless a classifier file of it is given "
+        "(--arch lipizzaner or classifier import), its 10 logits the features, so FIDs "
         "compare with Lipizzaner's published ones; inception: Inception-v3 weights by path",
     )
     classifier: Path | None = Field(None, description="the classifier file; none: $PALOMINO_CLASSIFIER")
@@ -515,6 +543,15 @@ class ExperimentConfig(_Strict):
     def _tiles_word(cls, value: Any) -> Any:
         # YAML 1.1 reads a bare on/off as true/false: take them as the words they were.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _fid_on_digits(self) -> ExperimentConfig:
+        if self.training.mixture.score == "fid" and self.data.name not in ("mnist", "fashion_mnist"):
+            raise ValueError(
+                f"training.mixture.score: fid scores through Lipizzaner's MNIST CNN, which takes 28×28 grey images "
+                f"(mnist, fashion_mnist), not {self.data.name}; use score: mmd"
+            )
+        return self
 
     @model_validator(mode="after")
     def _labels_fit(self) -> ExperimentConfig:

@@ -72,6 +72,7 @@ class TrainOutcome:
     best_cell: str | None = None
     best_score: float | None = None
     classes: dict[int, tuple[str, float]] | None = None  # partitioned: label → (best cell, its score)
+    score_name: str = "MMD²"  # what a cell's score is (training.mixture.score)
 
 
 def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | ClassGrid]]:
@@ -182,4 +183,5 @@ async def _write_results(
     if config.grid_ensemble:
         ensemble = await asyncio.to_thread(ensemble_result, cells, dataset, run.experiment, features)
     best = write_result(run, results, ensemble)
-    return TrainOutcome(finished=True, best_cell=best.cell, best_score=best.score)
+    name = {"mmd": "MMD²", "fid": "FID on Lipizzaner's CNN"}[config.training.mixture.score]
+    return TrainOutcome(finished=True, best_cell=best.cell, best_score=best.score, score_name=name)

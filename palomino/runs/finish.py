@@ -35,7 +35,8 @@ def uses_critics(config: ExperimentConfig) -> bool:
 def neighbourhood_mixture(
     cell: Cell, snapshots: Mapping[Coord, Snapshot], dataset: Dataset, experiment: str, score: bool = True
 ) -> Mixture:
-    """A cell's neighbourhood mixture as it sees it now; `score`: its MMD² on a larger sample than in training."""
+    """A cell's neighbourhood mixture as it sees it now; `score`: its training score (MMD², or FID with
+    training.mixture.score fid) on a larger sample than in training."""
     parts = cell.neighbourhood_mixture(snapshots)
     weights = np.array([w for _, w, _ in parts])
     info: dict[str, Any] = {
@@ -46,7 +47,8 @@ def neighbourhood_mixture(
     }
     if score:
         info.update(
-            score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights), score_name="mmd2"
+            score=cell.mixture_score([ind for _, _, ind in parts], FINAL_SCORE_SAMPLES)(weights),
+            score_name={"mmd": "mmd2", "fid": "fid-lipizzaner"}[cell.config.training.mixture.score],
         )
     if cell.label is not None:  # its class's samples in the training data: the class prior's numerator
         info.update({"class": cell.label, "class_count": class_counts(dataset)[cell.label]})

@@ -27,7 +27,7 @@ CLASS_MIXTURE = "class_mixture"  # result/mixture.json's "type" for a partitione
 @dataclass
 class CellResult:
     cell: str
-    score: float  # MMD² on palomino.runs.finish.FINAL_SCORE_SAMPLES samples, lower is better
+    score: float  # MMD² (or FID: mixture.score) on palomino.runs.finish.FINAL_SCORE_SAMPLES samples, lower is better
     components: list[str]
     weights: list[float]
     payload: bytes = field(repr=False)  # the mixture's components, safetensors
@@ -60,7 +60,7 @@ def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellRes
     for result in ranked:  # every neighbourhood mixture, for the scorer and the dashboard
         save_encoded(run.result_dir / "cells" / result.cell, result.payload, result.description)
     ranking: dict[str, Any] = {
-        "score": "mmd2 (lower is better)",
+        "score": f"{ranked[0].description.get('score_name', 'mmd2')} (lower is better)",
         "ranking": [
             {"cell": r.cell, "score": r.score, "components": r.components, "weights": r.weights} for r in ranked
         ],

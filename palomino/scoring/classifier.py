@@ -397,12 +397,13 @@ def import_classifier(
     weights: Path, data: DataConfig, *, holdout: int = 2000, test_size: int = 0, seed: int = 0
 ) -> TrainedClassifier:
     """Lipizzaner's MNIST CNN with weights trained elsewhere (Lipizzaner's own classifier, as safetensors
-    or a PyTorch state dict), every tensor's shape checked, and its accuracy measured on `data`'s test
-    split (as `train_classifier` splits it): a wrong dataset or input range shows there."""
+    or a PyTorch state dict), every tensor's shape checked, and its accuracy measured on `data`'s whole
+    test split (nothing here trained on it; without one, on `holdout` images of the training split as
+    `train_classifier` splits it): a wrong dataset or input range shows there."""
     start = time.perf_counter()
     weights = Path(weights)
     tensors = read_weights(weights)
-    test = classifier_split(data, holdout, seed).test
+    test = _try_split(data, "test", seed) or classifier_split(data, holdout, seed).test
     if test.kind != "image" or test.labels is None:
         raise ConfigError(f"--data {data.name}: the classifier needs labelled images")
     if test_size:
@@ -422,7 +423,8 @@ def import_classifier(
         "train_size": None,
         "test_size": len(test),
         "split": f"imported from {weights.name} (trained elsewhere); tested on {len(test)} test images",
-        "imported_from": {"file": str(weights), "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()},
+        # The file's name, not its path: the JSON travels (and a path would name the importer's machine).
+        "imported_from": {"file": weights.name, "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()},
         "epochs": None,
         "seed": seed,
         "seconds": round(time.perf_counter() - start, 1),

@@ -1,8 +1,9 @@
 """Feature extractors: images in [0, 1] (any size, 1 or 3 channels) → (features, logits).
 
 - `classifier`: the small CNN of `palomino classifier train` (offline; features for FID/KID, logits for IS/TVD).
-- `lipizzaner`: such a file of Lipizzaner's MNIST CNN (`--arch lipizzaner`, or `classifier import`): its 10
-  logits are its features, so FIDs compare with Lipizzaner's published ones. `classifier` takes it too:
+- `lipizzaner`: Lipizzaner's MNIST CNN: by default Lipizzaner's own trained weights (bundled with
+  palomino.nn), else a file of it (`--arch lipizzaner`, or `classifier import`): its 10 logits are its
+  features, so FIDs compare with Lipizzaner's published ones. `classifier` takes it too:
   the file says which network it holds, and the extractor is named after it.
 - `inception`: Inception-v3, the standard FID network (2048 pool features, 1008 logits). Either
   torch-fidelity's FID Inception with its weights given by path, or torchvision's Inception-v3 when its
@@ -26,6 +27,7 @@ from torch import nn
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring.classifier import adapt_images, load_classifier
 from palomino.scoring.lipizzaner import ARCH as LIPIZZANER
+from palomino.scoring.lipizzaner import BUNDLED
 
 if TYPE_CHECKING:
     from palomino.config import ExperimentConfig
@@ -184,6 +186,8 @@ def build_extractor(
     cache_dir: Path | None = None,
 ) -> FeatureExtractor:
     """The named extractor. Paths left as None come from PALOMINO_CLASSIFIER / PALOMINO_INCEPTION_WEIGHTS."""
+    if name == LIPIZZANER and classifier is None:
+        return ClassifierExtractor(BUNDLED, device)  # Lipizzaner's own weights, as its papers scored
     if name in ("classifier", LIPIZZANER):
         path = classifier or (Path(os.environ[CLASSIFIER_ENV]) if os.environ.get(CLASSIFIER_ENV) else None)
         arch = " --arch lipizzaner" if name == LIPIZZANER else ""

@@ -1,44 +1,47 @@
-"""Lipizzaner's MNIST CNN: the network behind Lipizzaner's published MNIST FIDs and class TVDs.
+"""Lipizzaner's MNIST CNN as a scorer, and Lipizzaner's own FID protocol.
 
-conv 1→10 (5×5), max-pool 2, ReLU; conv 10→20 (5×5), dropout2d while training, max-pool 2, ReLU;
-flatten to 320; fc 320→50, ReLU, dropout while training; fc 50→10. The 10 logits are its features
-(FID on 10 dimensions, as Lipizzaner computes it) and its class predictions (TVD). It sees images in
-[−1, 1], as Lipizzaner normalises MNIST and as Palomino's generators make them.
-
-Its parameters carry Lipizzaner's names (conv1, conv2, fc1, fc2), so the state dict of Lipizzaner's
-own classifier, converted to safetensors, loads as it is (`palomino classifier import`).
+The network and its bundled weights live in palomino.nn.lipizzaner_cnn (a cell's mixture score
+can use them too). The protocol is how Lipizzaner's published MNIST FIDs were computed (its
+training/mixture/fid_score.py): the CNN's 10 logits as features, 1,000 generated images against
+the first 1,000 training images, both in batches of 64 with the last partial batch dropped, so
+960 of each are used. The real images are training images the GAN saw: the protocol measures
+fit, not generalisation; the project's held-out protocol (benchmarks/quality.py) stands beside it.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-ARCH = "lipizzaner"
-IMAGE_SHAPE = (1, 28, 28)
-CLASSES = 10
+from palomino.nn.lipizzaner_cnn import ARCH, BUNDLED, CLASSES, IMAGE_SHAPE, LipizzanerNet, lipizzaners_mnist_cnn
+
+__all__ = [
+    "ARCH",
+    "BUNDLED",
+    "CLASSES",
+    "IMAGE_SHAPE",
+    "PROTOCOL_BATCH",
+    "PROTOCOL_SAMPLES",
+    "LipizzanerNet",
+    "lipizzaners_mnist_cnn",
+    "protocol_fid",
+]
+
+PROTOCOL_SAMPLES = 1000  # generated images, and the first this many training images
+PROTOCOL_BATCH = 64  # Lipizzaner's scoring batch: whole batches only (960 of 1,000)
 
 
-class LipizzanerNet(nn.Module):
-    """Input: images in [0, 1], (N, 1, 28, 28) (`adapt_images` resizes others); features = logits."""
+@torch.no_grad()
+def protocol_fid(net: torch.nn.Module, generated: torch.Tensor, real: torch.Tensor) -> float:
+    """Lipizzaner's FID of `generated` against `real` (images in [0, 1], N × 1 × 28 × 28; pass the
+    first 1,000 of each): logits of whole batches of 64 only, then the Fréchet distance."""
+    from palomino.coevolution.ensemble_search import frechet_distance
 
-    def __init__(self, channels: int = 1, classes: int = CLASSES) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels, 10, kernel_size=5)
-        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
-        self.conv2_drop = nn.Dropout2d()  # no parameters: only active in training, as in Lipizzaner's
-        self.fc1 = nn.Linear(320, 50)
-        self.fc2 = nn.Linear(50, classes)
-        self.num_features = classes
+    def logits(images: torch.Tensor) -> torch.Tensor:
+        used = len(images) // PROTOCOL_BATCH * PROTOCOL_BATCH
+        if used < 2:
+            raise ValueError(f"Lipizzaner's FID needs at least one batch of {PROTOCOL_BATCH} images, got {len(images)}")
+        batches = images[:used].reshape(-1, *IMAGE_SHAPE).float().split(PROTOCOL_BATCH)
+        return torch.cat([net(batch) for batch in batches]).double()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = images * 2 - 1  # [0, 1] → [−1, 1], the range Lipizzaner's classifier was trained on
-        x = F.relu(F.max_pool2d(self.conv1(x), 2))  # 28 → 24 → 12
-        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))  # 12 → 8 → 4: 20 × 4 × 4 = 320
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(F.dropout(x, training=self.training))
-
-    def features_and_logits(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self(images)
-        return logits, logits
+    fake, true = logits(generated), logits(real)
+    return frechet_distance(fake.mean(0), torch.cov(fake.T), true.mean(0), torch.cov(true.T))
