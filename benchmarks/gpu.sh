@@ -9,6 +9,8 @@
 # the host lacks (pydantic, ...; Python 3.12, x86-64, the versions of .venv) in .whl/ and a copy of
 # $PALOMINO_DATA_DIR/mnist in .data/mnist; both folders are git-ignored, so carry them along.
 # Then, on the host: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh: a CPU try)
+# `bash benchmarks/gpu.sh lipizzaner` instead runs the seeds' 12×12 row alone (issue 47: Lipizzaner's full
+# experiment at 200 passes, both scorers, benchmarks/lipizzaner.py; its JSON row in $OUT/lipizzaner/rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
@@ -56,6 +58,12 @@ run() {  # name, then the command: its output to the screen and to $out/<name>.t
   echo "== $name: $*"
   "$@" 2>&1 | tee "$out/$name.txt"
 }
+if [ "${1:-}" = lipizzaner ]; then  # quick: a 2×2 grid of 2 short iterations, the script's own check
+  if [ -n "${QUICK:-}" ]; then size=2 quick=--quick; else size=12 quick=; fi
+  run lipizzaner python3 benchmarks/lipizzaner.py --arms full --sizes "$size" --seeds 0 --device "$DEVICE" \
+    --out "$out/lipizzaner" $quick
+  exit 0
+fi
 run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"
 # The same grid with TF32 products (float32 matmuls on tensor cores, inputs rounded to 10 mantissa bits): how far

@@ -228,6 +228,46 @@ def test_up_trains_a_grid_across_processes(tmp_path: Path) -> None:
     assert [e.step for e in events.Scalars("result/score")] == [ITERATIONS]
 
 
+@pytest.mark.parametrize(
+    "selection",
+    [{"replacement": "if_fitter", "opponents": "per_batch"}, {"enabled": False, "opponents": "per_batch"}],
+    ids=["lipizzaner", "lipizzaner-no-selection"],
+)
+def test_lipizzaners_mode_trains_the_same_numbers_distributed_as_in_one_process(
+    tmp_path: Path, selection: dict
+) -> None:
+    """The faithful settings (examples/lipizzaner-mnist-3x3.yaml's, on the ring), synchronous: four cell
+    workers around the broker record what one process records, to the last bit."""
+    raw = yaml.safe_load(config(tmp_path))
+    raw["training"].update(
+        iterations=5,
+        batches_per_iteration=10,
+        synchronous=True,
+        losses=["nonsaturating"],
+        discriminator_skip_each_nth_step=1,
+        mutation={"reaches_optimizer": False},
+        selection=selection,
+        ensemble={"scope": "neighbourhood"},
+        checkpoint_every=0,
+        sample_every=0,
+    )
+    path = tmp_path / "lipizzaner.yaml"
+    path.write_text(yaml.safe_dump({**raw, "tiles": "off"}))
+    records = {}
+    for how in (["train"], ["up", "--cells", "4"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "palomino", *how, str(path), "--out", str(tmp_path / how[0])],
+            capture_output=True, text=True, env=env(), timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = (Path(done.stdout.strip().splitlines()[-1]) / "metrics.jsonl").read_text().splitlines()
+        records[how[0]] = {
+            (r["iteration"], tuple(r["cell"])): (r["score"], r["generator"], r["discriminator"], r["mixture"])
+            for r in map(json.loads, lines)
+        }
+    assert len(records["train"]) == 20 and records["up"] == records["train"]
+
+
 def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     stack.start(cells=5)
     # No checkpoint before iteration 40: the spare can only restore from the newest published snapshot.

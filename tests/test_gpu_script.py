@@ -13,19 +13,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
+def run_gpu_script(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`bash benchmarks/gpu.sh ARGS` in its quick CPU form, its tables in `out`."""
     env = {
         **os.environ,
         "DEVICE": "cpu",
         "QUICK": "1",
-        "OUT": str(tmp_path),
+        "OUT": str(out),
         # The script calls python3, as a GPU host's is: here, this environment's.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu.sh"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
+    command = ["bash", "benchmarks/gpu.sh", *args]
+    return subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
+    done = run_gpu_script(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for stage in (
         "tiles-steps",
@@ -45,3 +49,13 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
     counts = json.loads((tmp_path / "tiles-count.json").read_text())
     assert [row["cells"] for row in counts["rows"]] == [1, 2, 4]
     assert all(row["syncs_total"] > 0 for row in counts["rows"])
+
+
+@pytest.mark.slow
+def test_the_gpu_scripts_lipizzaner_row_runs_on_a_cpu(tmp_path: Path, mnist_dir: Path) -> None:
+    """The 12×12 row of the seeds' table (issue 47) in its quick form: a 2×2 grid, both scorers."""
+    done = run_gpu_script(tmp_path, "lipizzaner")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = [json.loads(p.read_text()) for p in (tmp_path / "lipizzaner" / "rows").glob("*.json")]
+    assert row["arm"] == "full" and row["size"] == "2x2" and "--device cpu" not in row["command"]
+    assert row["lipizzaner"]["fid"] > 0 and row["held_out"]["fid"] > 0

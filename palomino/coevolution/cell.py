@@ -358,7 +358,8 @@ class Cell:
         net = self._features
 
         def logits(images: torch.Tensor) -> torch.Tensor:  # generator space [−1, 1] → the net's [0, 1]
-            return net((images.reshape(-1, *IMAGE_SHAPE).float() + 1) / 2)
+            # On the host: the ES weighs them with numpy weights (10 logits a sample, one read a cell).
+            return to_host(net((images.reshape(-1, *IMAGE_SHAPE).float() + 1) / 2))
 
         return FrechetScore.from_features([logits(f) for f in fakes], logits(real))
 
