@@ -30,6 +30,7 @@ the 10,000 test images is used (8,000 to train: 80 batches a pass, 16,000 batche
 
     python benchmarks/lipizzaner.py --arms full --sizes 3 --seeds 0 1 2 --out docs/quality/lipizzaner
     python benchmarks/lipizzaner.py --quick --out /tmp/lip        # minutes: 2 iterations of 10 batches
+    python benchmarks/lipizzaner.py --table-only --out docs/quality/lipizzaner   # the table of the rows there
 
 Each (arm, size, seed) writes <out>/rows/<arm>-<N>x<N>-seed<S>.json as it finishes (a rerun skips those
 already there: the table grows across sessions); <out>/table.json joins every row file there.
@@ -251,8 +252,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(lines: list[dict[str, Any]]) -> str:
-    def ms(s: dict[str, float], digits: int = 1) -> str:
-        return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}"
+    def ms(s: dict[str, float], digits: int = 1) -> str:  # one seed: its value; more: mean ± sd
+        return f"{s['mean']:.{digits}f}" + (f" ± {s['sd']:.{digits}f}" if s["sd"] else "")
 
     head = "| arm | grid | seeds | Lipizzaner's FID (its protocol) | paper | held-out FID | held-out FID, Lipizzaner's CNN | TVD | memorization | minutes |"
     out = [head, "| --- " * 10 + "|"]
@@ -274,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 iterations of 10 batches: the script's own check")
     parser.add_argument("--set", action="append", default=[], help="an override for every arm's config")
     parser.add_argument("--out", type=Path, default=Path("bench/lipizzaner"))
+    parser.add_argument("--table-only", action="store_true", help="train nothing: join the rows in --out/rows")
     args = parser.parse_args(argv)
     if any(size < 1 or size > 32 for size in args.sizes):
         parser.error("--sizes: each between 1 and 32")
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
-    for size in args.sizes:
+    for size in [] if args.table_only else args.sizes:
         for arm in args.arms:
             for seed in args.seeds:
                 path = rows_dir / f"{arm}-{size}x{size}-seed{seed}.json"
