@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality
@@ -56,6 +57,7 @@ from palomino.baselines import Budget
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
 from palomino.data import Dataset
+from palomino.nn import build_generator
 from palomino.runs.mixture import Mixture
 from palomino.scoring.lipizzaner import PROTOCOL_SAMPLES, lipizzaners_mnist_cnn, protocol_fid
 
@@ -133,7 +135,17 @@ class Scorers:
         scores["fid_lipizzaner_cnn"] = frechet_distance(
             fake.mean(0), torch.cov(fake.T), real.mean(0), torch.cov(real.T)
         )
+        # The referee's classifier reads noisy digits as one class (8s): Lipizzaner's CNN's classes beside it.
+        scores["tvd_lipizzaner_cnn"] = class_tvd(fake, real)
         return scores
+
+
+def class_tvd(fake_logits: torch.Tensor, real_logits: torch.Tensor) -> float:
+    """TVD between the class histograms that the logits predict (Lipizzaner's TVD on its CNN)."""
+    from palomino.scoring.tvd import total_variation
+
+    p, q = (torch.bincount(x.argmax(1), minlength=x.shape[1]).double() / len(x) for x in (fake_logits, real_logits))
+    return float(total_variation(p, q))
 
 
 def score_grid(run_dir: Path, scorers: Scorers, seed: int, ensemble: bool) -> dict[str, Any]:
@@ -168,21 +180,17 @@ def run_arm(arm: str, size: int, seed: int, args: argparse.Namespace, out: Path)
         budget = Budget(per_cell * cells, -(-per_cell // (skip + 1)) * cells)
         torch.set_num_threads(quality.THREADS)
         (generator,), _, seconds = quality.train_baselines(full, [scorers.train], budget, [seed + 1000], args.device)
-        sample, latent = quality.draw, full.network.latent_dim  # one generator, weight 1
-        scores = {
-            "lipizzaner": {
-                "fid": scorers.lipizzaner(sample([generator], np.ones(1), PROTOCOL_SAMPLES, latent, seed + 100)),
-                "cell": "gan",
-            },
-            "held_out": scorers.held(sample([generator], np.ones(1), quality.IMAGE_SAMPLES, latent, seed + 200)),
-        }
+        folder = run_folder(out, arm, size, seed)
+        folder.mkdir(parents=True, exist_ok=True)  # kept, so that a later scorer can score it again
+        save_file({k: v.contiguous() for k, v in generator.state_dict().items()}, folder / GAN_FILE)
+        scores = score_gan(generator, scorers, seed, full.network.latent_dim)
         steps = {"generator": budget.generator, "discriminator": budget.discriminator}
     else:
         if arm == "palomino":  # its ensemble is chosen on the classifier's features, as the referee's
             config = config.model_copy(
                 update={"scoring": config.scoring.model_copy(update={"classifier": scorers.referee.classifier})}
             )
-        run, seconds = quality.run_grid(config, scorers.train, out / "runs" / f"{arm}-{size}x{size}-seed{seed}")
+        run, seconds = quality.run_grid(config, scorers.train, run_folder(out, arm, size, seed))
         g, d, cells = quality.grid_steps(run)
         scores = score_grid(run.path, scorers, seed, ensemble=config.grid_ensemble)
         steps = {"generator": g, "discriminator": d}
@@ -197,6 +205,44 @@ def run_arm(arm: str, size: int, seed: int, args: argparse.Namespace, out: Path)
         "command": command(arm, size, seed, args),
         **scores,
     }
+
+
+GAN_FILE = "generator.safetensors"  # a one-GAN arm's generator, beside where a grid's run would be
+
+
+def run_folder(out: Path, arm: str, size: int, seed: int) -> Path:
+    return out / "runs" / f"{arm}-{size}x{size}-seed{seed}"
+
+
+def score_gan(generator: torch.nn.Module, scorers: Scorers, seed: int, latent: int) -> dict[str, Any]:
+    """Both protocols on one GAN's generator (its samples seeded as a grid's are)."""
+    one = np.ones(1)
+    return {
+        "lipizzaner": {
+            "fid": scorers.lipizzaner(quality.draw([generator], one, PROTOCOL_SAMPLES, latent, seed + 100)),
+            "cell": "gan",
+        },
+        "held_out": scorers.held(quality.draw([generator], one, quality.IMAGE_SAMPLES, latent, seed + 200)),
+    }
+
+
+def rescore(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The row's scores computed again from what its run left (after a scorer gained a figure);
+    the same samples, so the figures it had come out as they were."""
+    arm, size, seed = row["arm"], int(row["size"].split("x")[0]), row["seed"]
+    quick = "--quick" in row["command"]
+    config = arm_config("full" if arm.startswith("one-gan") else arm, size, seed, "cpu", quick, args.set)
+    scorers = Scorers(config, seed, args.out)
+    folder = run_folder(args.out, arm, size, seed)
+    if arm.startswith("one-gan"):
+        if not (folder / GAN_FILE).is_file():
+            print(f"{arm} {row['size']} seed {seed}: no {GAN_FILE} to score again, kept", file=sys.stderr)
+            return row
+        generator = build_generator(config.network, scorers.train.sample_shape, scorers.train.kind)
+        generator.load_state_dict(load_file(folder / GAN_FILE))
+        return {**row, **score_gan(generator, scorers, seed, config.network.latent_dim)}
+    (run,) = [p for p in folder.iterdir() if (p / "result").is_dir()]
+    return {**row, **score_grid(run, scorers, seed, ensemble=config.grid_ensemble)}
 
 
 def batches_per_cell(config: ExperimentConfig, train: Dataset) -> int:
@@ -243,6 +289,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "held_out_fid": stats([r["held_out"]["fid"] for r in group]),
                 "held_out_fid_lipizzaner_cnn": stats([r["held_out"]["fid_lipizzaner_cnn"] for r in group]),
                 "tvd": stats([r["held_out"]["tvd"] for r in group]),
+                "tvd_lipizzaner_cnn": stats([r["held_out"].get("tvd_lipizzaner_cnn", np.nan) for r in group]),
                 "memorization": stats([r["held_out"]["memorization"] for r in group]),
                 "minutes": stats([r["seconds"] / 60 for r in group]),
                 "paper": PAPER.get((arm, int(size.split("x")[0])), "–"),
@@ -255,13 +302,16 @@ def format_table(lines: list[dict[str, Any]]) -> str:
     def ms(s: dict[str, float], digits: int = 1) -> str:  # one seed: its value; more: mean ± sd
         return f"{s['mean']:.{digits}f}" + (f" ± {s['sd']:.{digits}f}" if s["sd"] else "")
 
-    head = "| arm | grid | seeds | Lipizzaner's FID (its protocol) | paper | held-out FID | held-out FID, Lipizzaner's CNN | TVD | memorization | minutes |"
+    head = (
+        "| arm | grid | seeds | Lipizzaner's FID (its protocol) | paper | held-out FID | held-out FID, Lipizzaner's CNN "
+        "| TVD: classifier · Lipizzaner's CNN | memorization | minutes |"
+    )
     out = [head, "| --- " * 10 + "|"]
     for line in lines:
         out.append(
             f"| {line['arm']} | {line['size']} | {len(line['seeds'])} | {ms(line['lipizzaner_fid'])} | {line['paper']} | "
-            f"{ms(line['held_out_fid'])} | {ms(line['held_out_fid_lipizzaner_cnn'])} | {ms(line['tvd'], 3)} | "
-            f"{ms(line['memorization'], 2)} | {ms(line['minutes'], 0)} |"
+            f"{ms(line['held_out_fid'])} | {ms(line['held_out_fid_lipizzaner_cnn'])} | {ms(line['tvd'], 3)} · "
+            f"{ms(line['tvd_lipizzaner_cnn'], 3)} | {ms(line['memorization'], 2)} | {ms(line['minutes'], 0)} |"
         )
     return "\n".join(out)
 
@@ -276,12 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="an override for every arm's config")
     parser.add_argument("--out", type=Path, default=Path("bench/lipizzaner"))
     parser.add_argument("--table-only", action="store_true", help="train nothing: join the rows in --out/rows")
+    parser.add_argument("--rescore", action="store_true", help="train nothing: score the rows' runs in --out again")
     args = parser.parse_args(argv)
     if any(size < 1 or size > 32 for size in args.sizes):
         parser.error("--sizes: each between 1 and 32")
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
-    for size in [] if args.table_only else args.sizes:
+    if args.rescore:
+        for path in sorted(rows_dir.glob("*.json")):
+            path.write_text(json.dumps(rescore(json.loads(path.read_text()), args), indent=1) + "\n")
+    for size in [] if args.table_only or args.rescore else args.sizes:
         for arm in args.arms:
             for seed in args.seeds:
                 path = rows_dir / f"{arm}-{size}x{size}-seed{seed}.json"
