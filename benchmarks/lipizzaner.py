@@ -17,7 +17,7 @@ iterations of one pass each (batch 100, the discriminator on every second batch)
 Grid sizes: `--sizes 3 6 12` (N×N; the one-GAN arms take the size's budgets).
 
 Every row is scored two ways:
-- lipizzaner: Lipizzaner's protocol (palomino.scoring.lipizzaner.protocol_fid) with its own CNN weights:
+- lipizzaner: Lipizzaner's protocol (palomino.scoring.lipizzaner_protocol.protocol_fid) with its own CNN weights:
   1,000 samples against the first 1,000 training images (960 used); for a grid, every cell's
   neighbourhood mixture, the best cell reported, as Lipizzaner's master reports it (the palomino
   arm: its result, the grid's ensemble);
@@ -59,7 +59,7 @@ from palomino.config.loading import load_config
 from palomino.data import Dataset
 from palomino.nn import build_generator
 from palomino.runs.mixture import Mixture
-from palomino.scoring.lipizzaner import PROTOCOL_SAMPLES, lipizzaners_mnist_cnn, protocol_fid
+from palomino.scoring.lipizzaner_protocol import PROTOCOL_SAMPLES, lipizzaners_mnist_cnn, protocol_fid
 
 ROOT = quality.ROOT
 ARMS = ("full", "no-selection", "no-communication", "one-gan-cell", "one-gan-grid", "palomino")

@@ -1,4 +1,4 @@
-"""The `lipizzaner` classifier: Lipizzaner's MNIST CNN (palomino.scoring.lipizzaner) — its layers'
+"""The `lipizzaner` classifier: Lipizzaner's MNIST CNN (palomino.scoring.lipizzaner_protocol) — its layers'
 shapes and input range, training on real MNIST digits, save → load giving identical features,
 weights from a user's file (safetensors or a PyTorch state dict) checked tensor by tensor, and
 `palomino classifier train --arch lipizzaner` / `classifier import` / `palomino score --extractor lipizzaner`
@@ -25,7 +25,7 @@ from palomino.scoring.classifier import (
     train_classifier,
 )
 from palomino.scoring.extractors import build_extractor
-from palomino.scoring.lipizzaner import LipizzanerNet
+from palomino.scoring.lipizzaner_protocol import LipizzanerNet
 
 SHAPES = {  # Lipizzaner's MNIST CNN, tensor by tensor
     "conv1.weight": (10, 1, 5, 5),

@@ -304,7 +304,7 @@ def test_the_example_sets_lipizzaners_mnist_values_and_palominos_defaults_stay()
 def test_lipizzaners_own_cnn_classifies_9927_of_the_mnist_test_digits(mnist_dir: Path) -> None:
     from palomino.config import DataConfig
     from palomino.scoring.classifier import accuracy, adapt_images
-    from palomino.scoring.lipizzaner import lipizzaners_mnist_cnn
+    from palomino.scoring.lipizzaner_protocol import lipizzaners_mnist_cnn
 
     test = load_dataset(DataConfig(name="mnist", dir=mnist_dir, split="test"), 0)
     assert len(test) == 10_000
@@ -316,7 +316,7 @@ def test_lipizzaners_own_cnn_classifies_9927_of_the_mnist_test_digits(mnist_dir:
 
 def test_lipizzaners_fid_protocol_puts_real_digits_near_each_other_and_noise_far(mnist_dir: Path) -> None:
     from palomino.config import DataConfig
-    from palomino.scoring.lipizzaner import lipizzaners_mnist_cnn, protocol_fid
+    from palomino.scoring.lipizzaner_protocol import lipizzaners_mnist_cnn, protocol_fid
 
     test = load_dataset(DataConfig(name="mnist", dir=mnist_dir, split="test"), 0)
     images = test.to_data_space(test.samples)

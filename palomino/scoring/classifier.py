@@ -1,7 +1,7 @@
 """The small CNN that scores image GANs offline: its penultimate layer feeds FID/KID, its logits IS and TVD.
 
 Two architectures (`arch`): `cnn`, Palomino's own (the default), and `lipizzaner`, Lipizzaner's MNIST
-CNN (palomino.scoring.lipizzaner), whose 10 logits are its features, so FIDs sit beside Lipizzaner's
+CNN (palomino.scoring.lipizzaner_protocol), whose 10 logits are its features, so FIDs sit beside Lipizzaner's
 published ones. Trained by `palomino classifier train` on the training split and tested on the test
 split; where only the test split exists (the offline MNIST copy) it trains on a seeded part of it and
 is tested on the rest (`holdout`, 2,000 of 10,000 by default). `palomino classifier import` takes
@@ -32,9 +32,9 @@ from palomino.data import Dataset, load_dataset
 from palomino.errors import ConfigError, DatasetError, PalominoError
 from palomino.io import atomic_write
 from palomino.runs.checkpoints import encode_tensors
-from palomino.scoring.lipizzaner import ARCH as LIPIZZANER
-from palomino.scoring.lipizzaner import IMAGE_SHAPE as LIPIZZANER_SHAPE
-from palomino.scoring.lipizzaner import LipizzanerNet
+from palomino.scoring.lipizzaner_protocol import ARCH as LIPIZZANER
+from palomino.scoring.lipizzaner_protocol import IMAGE_SHAPE as LIPIZZANER_SHAPE
+from palomino.scoring.lipizzaner_protocol import LipizzanerNet
 
 log = logging.getLogger(__name__)
 FORMAT = 1

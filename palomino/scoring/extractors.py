@@ -26,8 +26,8 @@ from torch import nn
 
 from palomino.errors import ConfigError, PalominoError
 from palomino.scoring.classifier import adapt_images, load_classifier
-from palomino.scoring.lipizzaner import ARCH as LIPIZZANER
-from palomino.scoring.lipizzaner import BUNDLED
+from palomino.scoring.lipizzaner_protocol import ARCH as LIPIZZANER
+from palomino.scoring.lipizzaner_protocol import BUNDLED
 
 if TYPE_CHECKING:
     from palomino.config import ExperimentConfig

@@ -125,7 +125,11 @@ class Results:
             await asyncio.to_thread(experiment.persist)
             self.shared.boards.end(experiment)
             log.info(
-                "experiment %s finished: best mixture of cell %s (MMD² %.4g)", experiment.id, best.cell, best.score
+                "experiment %s finished: best mixture of cell %s (%s %.4g)",
+                experiment.id,
+                best.cell,
+                best.description.get("score_name", "mmd2"),
+                best.score,
             )
             await self.shared.event(
                 experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score}
