@@ -54,16 +54,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality
 
 from palomino.baselines import Budget
+from palomino.coevolution.ensemble_search import feature_fid
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
 from palomino.data import Dataset
 from palomino.nn import build_generator
 from palomino.runs.mixture import Mixture
 from palomino.scoring.lipizzaner_protocol import PROTOCOL_SAMPLES, lipizzaners_mnist_cnn, protocol_fid
+from palomino.scoring.tvd import class_tvd
 
 ROOT = quality.ROOT
 ARMS = ("full", "no-selection", "no-communication", "one-gan-cell", "one-gan-grid", "palomino")
 ITERATIONS = 200  # the papers' iterations, one pass over the data each
+PASS_BATCHES = 80  # a pass over the referee's 8,000 training images in batches of 100
 QUICK = ("training.iterations=2", "training.batches_per_iteration=10")
 # The papers' MNIST figures (FID on Lipizzaner's CNN, Lipizzaner's protocol), beside ours.
 PAPER: dict[tuple[str, int], str] = {
@@ -88,22 +91,19 @@ def arm_config(arm: str, size: int, seed: int, device: str, quick: bool, sets: l
         "training.checkpoint_every=0",
         "training.sample_every=0",
     ]
-    if arm == "palomino":  # its own example at as many batches a cell: 50 a batch-iteration
-        per_cell = 2 * 10 if quick else ITERATIONS * quality_passes()
-        changes = [*common, "training.batches_per_iteration=10" if quick else "training.batches_per_iteration=50"]
-        changes.append(f"training.iterations={per_cell // (10 if quick else 50)}")
-        return load_config(ROOT / "examples" / "mnist-regions-3x3.yaml", [*changes, *sets])
+    if arm == "palomino":  # its own example (50 batches an iteration) at the full arm's batches a cell
+        per_iteration, per_cell = (10, 2 * 10) if quick else (50, ITERATIONS * PASS_BATCHES)
+        changes = [
+            f"training.batches_per_iteration={per_iteration}",
+            f"training.iterations={per_cell // per_iteration}",
+        ]
+        return load_config(ROOT / "examples" / "mnist-regions-3x3.yaml", [*common, *changes, *sets])
     changes = [*common, *(QUICK if quick else ())]
     if arm == "no-selection":
         changes.append("training.selection.enabled=false")
     if arm == "no-communication":
         changes.append("grid.neighbourhood=none")
     return load_config(ROOT / "examples" / "lipizzaner-mnist-3x3.yaml", [*changes, *sets])
-
-
-def quality_passes() -> int:
-    """Batches a pass over the referee's 8,000 training images, at batch 100."""
-    return 8000 // 100
 
 
 class Scorers:
@@ -116,7 +116,8 @@ class Scorers:
         self.referee = quality.Referee(config, self.train, held_out, out)
         self.cnn = lipizzaners_mnist_cnn()
         self.first = self._images(self.train.samples[:PROTOCOL_SAMPLES])
-        self.held_out_logits = self.cnn(self._images(held_out.samples)).double()
+        with torch.no_grad():
+            self.held_out_logits = self.cnn(self._images(held_out.samples))
 
     @staticmethod
     def _images(samples: torch.Tensor) -> torch.Tensor:
@@ -127,25 +128,12 @@ class Scorers:
 
     @torch.no_grad()
     def held(self, samples: torch.Tensor) -> dict[str, float]:
-        from palomino.coevolution.ensemble_search import frechet_distance
-
         scores = self.referee.score(samples)
-        fake = self.cnn(self._images(samples)).double()
-        real = self.held_out_logits
-        scores["fid_lipizzaner_cnn"] = frechet_distance(
-            fake.mean(0), torch.cov(fake.T), real.mean(0), torch.cov(real.T)
-        )
+        fake = self.cnn(self._images(samples))
+        scores["fid_lipizzaner_cnn"] = feature_fid(fake, self.held_out_logits)
         # The referee's classifier reads noisy digits as one class (8s): Lipizzaner's CNN's classes beside it.
-        scores["tvd_lipizzaner_cnn"] = class_tvd(fake, real)
+        scores["tvd_lipizzaner_cnn"] = class_tvd(fake, self.held_out_logits)
         return scores
-
-
-def class_tvd(fake_logits: torch.Tensor, real_logits: torch.Tensor) -> float:
-    """TVD between the class histograms that the logits predict (Lipizzaner's TVD on its CNN)."""
-    from palomino.scoring.tvd import total_variation
-
-    p, q = (torch.bincount(x.argmax(1), minlength=x.shape[1]).double() / len(x) for x in (fake_logits, real_logits))
-    return float(total_variation(p, q))
 
 
 def score_grid(run_dir: Path, scorers: Scorers, seed: int, ensemble: bool) -> dict[str, Any]:

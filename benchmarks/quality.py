@@ -224,25 +224,15 @@ class Referee:
         if self.extractor is None:
             coverage = mode_coverage(samples, self.train.modes, self.train.mode_std)
             return {"modes": coverage.covered, "hq": coverage.high_quality}
-        from palomino.coevolution.ensemble_search import frechet_distance
+        from palomino.coevolution.ensemble_search import feature_fid
+        from palomino.scoring.tvd import class_tvd
 
         features, logits = self.extractor.extract(((samples + 1) / 2).clamp(0, 1))
         real_features, real_logits = self.validation_real if validation else self.real
-        fid = frechet_distance(
-            features.double().mean(0),
-            torch.cov(features.double().T),
-            real_features.double().mean(0),
-            torch.cov(real_features.double().T),
-        )
-        from palomino.scoring.tvd import total_variation
-
-        classes = real_logits.shape[1]
-        p = torch.bincount(logits.argmax(1), minlength=classes).double() / len(logits)
-        q = torch.bincount(real_logits.argmax(1), minlength=classes).double() / len(real_logits)
+        scores = {"fid": feature_fid(features, real_features), "tvd": class_tvd(logits, real_logits)}
         if validation:
-            return {"fid": fid, "tvd": float(total_variation(p, q))}
-        memorization = self.memorization.of(samples).ratio
-        return {"fid": fid, "tvd": float(total_variation(p, q)), "memorization": memorization}
+            return scores
+        return {**scores, "memorization": self.memorization.of(samples).ratio}
 
     def sample_count(self) -> int:
         return SAMPLES if self.extractor is None else IMAGE_SAMPLES

@@ -69,6 +69,12 @@ class FrechetScore:
         return frechet_distance(mean, cov, self.real_mean, self.real_cov)
 
 
+def feature_fid(fake: torch.Tensor, real: torch.Tensor) -> float:
+    """The Fréchet distance between two sets of feature rows (N × d each), in float64."""
+    fake, real = fake.double(), real.double()
+    return frechet_distance(fake.mean(0), torch.cov(fake.T), real.mean(0), torch.cov(real.T))
+
+
 def frechet_distance(mu1: torch.Tensor, cov1: torch.Tensor, mu2: torch.Tensor, cov2: torch.Tensor) -> float:
     """‖μ₁−μ₂‖² + tr(C₁ + C₂ − 2 (C₁C₂)^½); tr (C₁C₂)^½ = Σ √λ over the (real, ≥ 0) eigenvalues of C₁C₂."""
     eigenvalues = torch.linalg.eigvals(cov1 @ cov2).real.clamp_min(0)

@@ -98,8 +98,9 @@ class Training:
         training = self.config
         scale = decay_factor(training.decay, iteration / training.iterations)
         params = {id(ind): list(ind.network.parameters()) for ind in [*new_g, *new_d]}
-        pool_g, pool_d = [*new_g, *(frozen_g or [])], [*new_d, *(frozen_d or [])]
-        plan = self.plan(new_g, new_d, (len(pool_g) - len(new_g), len(pool_d) - len(new_d)))
+        frozen_g, frozen_d = frozen_g or [], frozen_d or []
+        pool_g, pool_d = [*new_g, *frozen_g], [*new_d, *frozen_d]
+        plan = self.plan(new_g, new_d, (len(frozen_g), len(frozen_d)))
         device = self.data.device
         batches = upload(torch.from_numpy(plan.batches), device)  # the iteration's batches in one copy
         label_rows = None if plan.label_draws is None else upload(torch.from_numpy(plan.label_draws), device)

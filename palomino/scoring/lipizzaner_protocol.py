@@ -34,14 +34,13 @@ PROTOCOL_BATCH = 64  # Lipizzaner's scoring batch: whole batches only (960 of 1,
 def protocol_fid(net: torch.nn.Module, generated: torch.Tensor, real: torch.Tensor) -> float:
     """Lipizzaner's FID of `generated` against `real` (images in [0, 1], N × 1 × 28 × 28; pass the
     first 1,000 of each): logits of whole batches of 64 only, then the Fréchet distance."""
-    from palomino.coevolution.ensemble_search import frechet_distance
+    from palomino.coevolution.ensemble_search import feature_fid
 
     def logits(images: torch.Tensor) -> torch.Tensor:
         used = len(images) // PROTOCOL_BATCH * PROTOCOL_BATCH
         if used < 2:
             raise ValueError(f"Lipizzaner's FID needs at least one batch of {PROTOCOL_BATCH} images, got {len(images)}")
         batches = images[:used].reshape(-1, *IMAGE_SHAPE).float().split(PROTOCOL_BATCH)
-        return torch.cat([net(batch) for batch in batches]).double()
+        return torch.cat([net(batch) for batch in batches])
 
-    fake, true = logits(generated), logits(real)
-    return frechet_distance(fake.mean(0), torch.cov(fake.T), true.mean(0), torch.cov(true.T))
+    return feature_fid(logits(generated), logits(real))

@@ -20,6 +20,13 @@ def total_variation(p: Tensor, q: Tensor) -> Tensor:
     return 0.5 * (p.double() - q.double()).abs().sum()
 
 
+def class_tvd(fake_logits: Tensor, real_logits: Tensor) -> float:
+    """The TVD between the class histograms two sets of logits predict (N × classes each)."""
+    classes = real_logits.shape[1]
+    p, q = (torch.bincount(x.argmax(1), minlength=classes).double() / len(x) for x in (fake_logits, real_logits))
+    return float(total_variation(p, q))
+
+
 class ClassDistributionTVD(Metric):
     """torchmetrics-style: `update(images)` counts the classes `feature` (a module giving logits)
     predicts; `compute()` is their TVD from `reference` (the real class distribution)."""
