@@ -9,8 +9,9 @@
 # the host lacks (pydantic, ...; Python 3.12, x86-64, the versions of .venv) in .whl/ and a copy of
 # $PALOMINO_DATA_DIR/mnist in .data/mnist; both folders are git-ignored, so carry them along.
 # Then, on the host: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh: a CPU try)
-# `bash benchmarks/gpu.sh lipizzaner` instead runs the seeds' 12×12 row alone (issue 47: Lipizzaner's full
-# experiment at 200 passes, both scorers, benchmarks/lipizzaner.py; its JSON row in $OUT/lipizzaner/rows).
+# `bash benchmarks/gpu.sh lipizzaner` instead runs the seeds' 12×12 and 6×6 rows side by side (issue 47:
+# Lipizzaner's full experiment at 200 passes, both scorers, benchmarks/lipizzaner.py; SIZES="12" SEEDS="0 1"
+# choose; JSON rows in $OUT/lipizzaner/rows, the table in $OUT/lipizzaner/table.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
@@ -26,7 +27,7 @@ if [ "${1:-}" = prepare ]; then
       -d .whl "$p==$v" || echo "no wheel found: $p==$v" >&2
   done
   if [ -d "${PALOMINO_DATA_DIR:-}/mnist" ]; then
-    mkdir -p .data && cp -r "$PALOMINO_DATA_DIR/mnist" .data/
+    rm -rf .data/mnist && mkdir -p .data && cp -rL "$PALOMINO_DATA_DIR/mnist" .data/ && chmod -R u+w .data  # -L: a link would not travel
   else
     echo "no \$PALOMINO_DATA_DIR/mnist: the host measures on random images of MNIST's shape" >&2
   fi
@@ -58,11 +59,21 @@ run() {  # name, then the command: its output to the screen and to $out/<name>.t
   echo "== $name: $*"
   "$@" 2>&1 | tee "$out/$name.txt"
 }
-if [ "${1:-}" = lipizzaner ]; then  # quick: a 2×2 grid of 2 short iterations, the script's own check
-  if [ -n "${QUICK:-}" ]; then size=2 quick=--quick; else size=12 quick=; fi
-  run lipizzaner python3 benchmarks/lipizzaner.py --arms full --sizes "$size" --seeds 0 --device "$DEVICE" \
-    --out "$out/lipizzaner" $quick
-  exit 0
+if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iterations, the script's own check
+  # The sizes side by side, one process each (a 12×12 tile is bound by its arithmetic, a 6×6 one by its
+  # launches, so they overlap on one GPU); each size's log in $out/lipizzaner-NxN.txt, the table after.
+  if [ -n "${QUICK:-}" ]; then sizes=${SIZES:-3 2} quick=--quick; else sizes=${SIZES:-12 6} quick=; fi
+  pids=()
+  for size in $sizes; do
+    echo "== lipizzaner ${size}x${size}: log in $out/lipizzaner-${size}x${size}.txt"
+    python3 benchmarks/lipizzaner.py --arms full --sizes "$size" --seeds ${SEEDS:-0} --device "$DEVICE" \
+      --out "$out/lipizzaner" $quick >"$out/lipizzaner-${size}x${size}.txt" 2>&1 &
+    pids+=($!)
+  done
+  failed=0
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  run lipizzaner-table python3 benchmarks/lipizzaner.py --table-only --out "$out/lipizzaner"
+  exit $failed
 fi
 run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"

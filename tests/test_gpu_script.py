@@ -53,9 +53,14 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_gpu_scripts_lipizzaner_row_runs_on_a_cpu(tmp_path: Path, mnist_dir: Path) -> None:
-    """The 12×12 row of the seeds' table (issue 47) in its quick form: a 2×2 grid, both scorers."""
+    """The 12×12 and 6×6 rows of the seeds' table (issue 47) in their quick form: a 3×3 and a 2×2 grid
+    side by side, both scorers, and the table joined after."""
     done = run_gpu_script(tmp_path, "lipizzaner")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (row,) = [json.loads(p.read_text()) for p in (tmp_path / "lipizzaner" / "rows").glob("*.json")]
-    assert row["arm"] == "full" and row["size"] == "2x2" and "--device cpu" not in row["command"]
-    assert row["lipizzaner"]["fid"] > 0 and row["held_out"]["fid"] > 0
+    rows = [json.loads(p.read_text()) for p in sorted((tmp_path / "lipizzaner" / "rows").glob("*.json"))]
+    assert [(row["arm"], row["size"]) for row in rows] == [("full", "2x2"), ("full", "3x3")]
+    for row in rows:
+        assert "--device cpu" not in row["command"]
+        assert row["lipizzaner"]["fid"] > 0 and row["held_out"]["fid"] > 0
+    table = json.loads((tmp_path / "lipizzaner" / "table.json").read_text())
+    assert len(table["rows"]) == 2
