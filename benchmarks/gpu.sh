@@ -28,6 +28,10 @@ if [ "${1:-}" = prepare ]; then
   done
   if [ -d "${PALOMINO_DATA_DIR:-}/mnist" ]; then
     rm -rf .data/mnist && mkdir -p .data && cp -rL "$PALOMINO_DATA_DIR/mnist" .data/ && chmod -R u+w .data  # -L: a link would not travel
+    # The seeds' table's referee, trained here once (CPU, seeded): the host reuses it rather than spend
+    # its device time on a CPU job, and every row is scored by the same classifier.
+    [ -f .data/lipizzaner/classifier-mnist.safetensors ] ||
+      PALOMINO_DATA_DIR=$PWD/.data .venv/bin/python benchmarks/lipizzaner.py --referee-only --out .data/lipizzaner
   else
     echo "no \$PALOMINO_DATA_DIR/mnist: the host measures on random images of MNIST's shape" >&2
   fi
@@ -63,6 +67,9 @@ if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iter
   # The sizes side by side, one process each (a 12×12 tile is bound by its arithmetic, a 6×6 one by its
   # launches, so they overlap on one GPU); each size's log in $out/lipizzaner-NxN.txt, the table after.
   if [ -n "${QUICK:-}" ]; then sizes=${SIZES:-3 2} quick=--quick; else sizes=${SIZES:-12 6} quick=; fi
+  mkdir -p "$out/lipizzaner"
+  cp .data/lipizzaner/classifier-*.safetensors "$out/lipizzaner/" 2>/dev/null ||
+    echo "no referee in .data/lipizzaner (bash benchmarks/gpu.sh prepare makes it): each run trains it on the CPU" >&2
   pids=()
   for size in $sizes; do
     echo "== lipizzaner ${size}x${size}: log in $out/lipizzaner-${size}x${size}.txt"

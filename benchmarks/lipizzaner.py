@@ -158,7 +158,13 @@ def score_grid(run_dir: Path, scorers: Scorers, seed: int, ensemble: bool) -> di
 
 def run_arm(arm: str, size: int, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     config = arm_config(arm, size, seed, args.device, args.quick, args.set)
+    start = time.perf_counter()
     scorers = Scorers(config, seed, out)
+    print(
+        f"{arm} {size}x{size} seed {seed}: scorers ready ({time.perf_counter() - start:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     start = time.perf_counter()
     if arm.startswith("one-gan"):
         full = arm_config("full", size, seed, args.device, args.quick, args.set)
@@ -315,9 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/lipizzaner"))
     parser.add_argument("--table-only", action="store_true", help="train nothing: join the rows in --out/rows")
     parser.add_argument("--rescore", action="store_true", help="train nothing: score the rows' runs in --out again")
+    parser.add_argument(
+        "--referee-only",
+        action="store_true",
+        help="train no GAN: only the referee's classifier, into --out (to hand a GPU host, which reuses it)",
+    )
     args = parser.parse_args(argv)
+    # The scorers' CPU work (the referee's classifier: ~2 min on 2 cores) at the reference machine's
+    # threads everywhere: on a 16-core GPU host two runs side by side at torch's default of 16 threads
+    # each spun for over 9 minutes without finishing it.
+    torch.set_num_threads(quality.THREADS)
     if any(size < 1 or size > 32 for size in args.sizes):
         parser.error("--sizes: each between 1 and 32")
+    if args.referee_only:
+        start = time.perf_counter()
+        Scorers(arm_config("full", args.sizes[0], 0, "cpu", args.quick, args.set), 0, args.out)
+        print(f"the referee's classifier in {args.out} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+        return 0
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
     if args.rescore:

@@ -310,6 +310,36 @@ def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict
         assert len(rates) > 1  # members really trained at different rates
 
 
+def test_a_tile_scores_lipizzaners_fid_mixtures_in_one_pass_as_each_cell_would(float64: None, mnist_dir: Path) -> None:
+    """mixture.score fid (the faithful mode's): a batched tile runs every cell's mixture through
+    Lipizzaner's CNN in one pass and one read (Cell.frechet_scores), and each cell ends where its
+    own 1 + G reads take it."""
+    digits = {"name": "mnist", "dir": str(mnist_dir), "split": "test", "size": 400}
+    cfg = config(
+        grid={"rows": 2, "cols": 2},
+        data=digits,
+        network={"name": "mlp", "hidden": 16, "latent_dim": 8},
+        training={
+            "iterations": 4,
+            "batches_per_iteration": 2,
+            "fitness": {"sample_size": 16},
+            "mixture": {"score": "fid", "score_samples": 96},
+            "selection": {"replacement": "if_fitter", "opponents": "per_batch"},
+        },
+    )
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)  # datasets are float32 by contract
+    try:
+        dataset = load_dataset(cfg.data, 0)
+    finally:
+        torch.set_default_dtype(previous)
+    alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
+    expected = one_by_one(alone, 3)
+    assert_same_reports(expected, tiled(together, 3, batched=True))
+    assert_same_cells(alone, together)
+    assert len({round(cell.score, 6) for cell in together}) == 4  # each cell's own mixture was scored
+
+
 def test_a_tiles_members_hold_views_of_its_stacks_and_survivors_let_them_go() -> None:
     """A trained member's tensors are views of the iteration's stacks (no copy a member); a member
     that survives replacement takes storage of its own, or it would keep its whole stack alive."""

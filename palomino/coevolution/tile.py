@@ -144,17 +144,20 @@ class Tile:
 
     def _mixtures(self, draws: list[MixtureDraw], run: Callable) -> list[MixtureScore | FrechetScore]:
         """Every cell's mixture score: one batched scoring per stack where allowed (`batched`, one
-        architecture of perceptrons, the same numbers of components and samples), else cell by cell."""
+        architecture of perceptrons, the same numbers of components and samples; MMD or FID), else
+        cell by cell."""
 
         def part_scores(indices: list[int]) -> list[MixtureScore | FrechetScore]:
             chosen = [draws[i] for i in indices]
-            mmd = self.cells[0].config.training.mixture.score == "mmd"  # fid: each cell's own features
-            if self.batched and mmd and _same_mixture(chosen):
-                networks = [[g.network for g in draw.generators] for draw in chosen]
-                labels = None if chosen[0].labels is None else torch.stack([d.labels for d in chosen])  # type: ignore[misc]
-                fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels, self.exact)
-                return MixtureScore.from_batch(fakes, torch.stack([d.real for d in chosen]))
-            return [self.cells[i].mixture_of(draws[i]) for i in indices]
+            if not (self.batched and _same_mixture(chosen)):
+                return [self.cells[i].mixture_of(draws[i]) for i in indices]
+            networks = [[g.network for g in draw.generators] for draw in chosen]
+            labels = None if chosen[0].labels is None else torch.stack([d.labels for d in chosen])  # type: ignore[misc]
+            fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels, self.exact)
+            reals = torch.stack([d.real for d in chosen])
+            if self.cells[0].config.training.mixture.score == "mmd":
+                return MixtureScore.from_batch(fakes, reals)
+            return self.cells[indices[0]].frechet_scores(fakes, reals)  # fid: Lipizzaner's CNN's logits
 
         return self._per_stack(part_scores, run)
 
