@@ -87,6 +87,10 @@ run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((b
 # The same grid with TF32 products (float32 matmuls on tensor cores, inputs rounded to 10 mantissa bits): how far
 # cheaper products take the 12×12 run towards its 15 minutes, before the referee weighs the change.
 run tiles-grid-tf32 python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE" --matmul-precision high
+# Lipizzaner's faithful grid (the seeds' 12×12 row, issue 47), 80 batches an iteration (a pass of its data):
+# its seconds an iteration by phase, projected to its 16,000 batches a cell: does the row fit a call?
+run tiles-grid-lipizzaner python3 benchmarks/tiles.py --model lipizzaner --cells --grid "$grid" --batches $((batches * 4 / 5)) \
+  --iterations "$iterations" --project 16000 --device "$DEVICE"
 run tiles-dcgan python3 benchmarks/tiles.py --model dcgan --width "$width" --cells "${cells[@]:0:3}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run baselines python3 benchmarks/tiles.py --model ring --cells --baselines "${cells[@]:0:4}" --batches $((batches * 2)) --rounds "$rounds" --device "$DEVICE"
 run step-throughput python3 benchmarks/step_throughput.py --device "$DEVICE" --batches "$batches" --rounds "$rounds" --network mlp

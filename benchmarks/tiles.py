@@ -32,6 +32,8 @@ Two measurements, in one process, on one device:
 Networks (`--model`): Lipizzaner's MNIST perceptron, the toys' (examples/ring-3x3.yaml:
 Tanh, hidden 128, on 2-D points), or Palomino's 28×28 DCGAN / SNGAN on MNIST (`--width`,
 default 64: examples/fashion-mnist-dcgan-2x2.yaml's; a stack of them is grouped convolutions).
+`--model lipizzaner`: the same perceptron in Lipizzaner's faithful mode (examples/lipizzaner-mnist-3x3.yaml's
+settings: one opponent a batch, neighbours' frozen copies stacked, the mixture's FID on its CNN).
 Data: the MNIST test split from `--data-dir` (default: palomino.data.data_dir("mnist"):
 $PALOMINO_DATA_DIR/mnist, else the user cache's), else random images
 of the same shape (said on the `data:` line). Seconds are this process's CPU time on the CPU
@@ -73,6 +75,7 @@ from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile, _split
 from palomino.coevolution.tile_training import Lane, train_tile
 from palomino.config import DataConfig, ExperimentConfig
+from palomino.config.loading import load_config
 from palomino.data import Dataset, data_dir, load_dataset
 from palomino.grid import Coord, Topology
 
@@ -81,6 +84,7 @@ try:  # the revisions before issue 34 had no transfer helper: their syncs are no
 except ImportError:
     host = None  # type: ignore[assignment]
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SHAPES = {1: (1, 1), 9: (3, 3), 36: (6, 6), 144: (12, 12), 576: (24, 24)}
 
 
@@ -105,6 +109,9 @@ def network_of(model: str, width: int) -> dict:
 def make_config(
     rows: int, cols: int, batches: int, device: str, model: str = "mnist", width: int = 64
 ) -> ExperimentConfig:
+    if model == "lipizzaner":  # the faithful example at this size (the cells get the data they are given)
+        sizes = [f"grid.rows={rows}", f"grid.cols={cols}", f"training.batches_per_iteration={batches}"]
+        return load_config(EXAMPLES / "lipizzaner-mnist-3x3.yaml", [*sizes, f"device={device}", "data.split=test"])
     ring = model == "ring"
     return ExperimentConfig.model_validate(
         {
@@ -167,6 +174,7 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     what = {
         "ring": "the ring's perceptrons (hidden 128, Tanh)",
         "mnist": "MNIST perceptrons (hidden 256)",
+        "lipizzaner": "MNIST perceptrons (hidden 256) in Lipizzaner's faithful mode",
     }.get(args.model, f"MNIST {args.model.upper()}s (28×28, width {args.width})")
     print(f"\nsteps: {args.batches} batches of 100 per cell, {what}, {args.rounds} rounds (median)")
     print(f"{'K':>5} {'tiled m·b/s':>12} {'alone m·b/s':>12} {'ratio':>7} {'tiled ms/batch':>15}")
@@ -469,9 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", type=int, default=120_000, help="--grid: batches per cell to project to")
     parser.add_argument(
         "--model",
-        choices=["mnist", "ring", "dcgan", "sngan"],
+        choices=["mnist", "lipizzaner", "ring", "dcgan", "sngan"],
         default="mnist",
-        help="MNIST's perceptrons, the toys' or MNIST DCGANs/SNGANs",
+        help="MNIST's perceptrons (in Lipizzaner's faithful mode: lipizzaner), the toys' or MNIST DCGANs/SNGANs",
     )
     parser.add_argument("--width", type=int, default=64, help="dcgan/sngan: base channel count")
     parser.add_argument("--count-ops", action="store_true", help="count ops and host syncs per iteration instead")

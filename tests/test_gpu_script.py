@@ -35,6 +35,7 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
         "tiles-steps",
         "tiles-grid",
         "tiles-grid-tf32",
+        "tiles-grid-lipizzaner",
         "tiles-dcgan",
         "baselines",
         "step-throughput",
@@ -44,6 +45,7 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
         text = (tmp_path / f"{stage}.txt").read_text()
         assert "Traceback" not in text, f"{stage}:\n{text[-2000:]}"
     assert "s/iteration" in (tmp_path / "tiles-grid.txt").read_text()
+    assert "projected to 16,000 batches per cell" in (tmp_path / "tiles-grid-lipizzaner.txt").read_text()
     assert "float32 products: high precision" in (tmp_path / "tiles-grid-tf32.txt").read_text()
     assert "s/iteration" in (tmp_path / "train-grid-speed.txt").read_text()  # a real palomino train, timed
     counts = json.loads((tmp_path / "tiles-count.json").read_text())

@@ -330,6 +330,7 @@ def test_lipizzaners_fid_protocol_puts_real_digits_near_each_other_and_noise_far
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # ~6 min alone (its referee's classifier, six arms, a rescore); twice that beside a run
 def test_the_lipizzaner_benchmark_runs_every_arm_in_its_quick_form(mnist_dir: Path, tmp_path: Path) -> None:
     bench = benchmark_module("lipizzaner")
     assert bench.main(["--quick", "--sizes", "2", "--out", str(tmp_path)]) == 0
