@@ -9,8 +9,8 @@
 # the host lacks (pydantic, ...; Python 3.12, x86-64, the versions of .venv) in .whl/ and a copy of
 # $PALOMINO_DATA_DIR/mnist in .data/mnist; both folders are git-ignored, so carry them along.
 # Then, on the host: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh: a CPU try)
-# `bash benchmarks/gpu.sh lipizzaner` instead runs the seeds' 12×12 and 6×6 rows side by side (issue 47:
-# Lipizzaner's full experiment at 200 passes, both scorers, benchmarks/lipizzaner.py; SIZES="12" SEEDS="0 1"
+# `bash benchmarks/gpu.sh lipizzaner` instead runs the seeds' 12×12 row (issue 47: Lipizzaner's full
+# experiment at 200 passes, both scorers, benchmarks/lipizzaner.py; SIZES="12 6", SEEDS="0 1" and ARMS
 # choose; JSON rows in $OUT/lipizzaner/rows, the table in $OUT/lipizzaner/table.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,16 +64,17 @@ run() {  # name, then the command: its output to the screen and to $out/<name>.t
   "$@" 2>&1 | tee "$out/$name.txt"
 }
 if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iterations, the script's own check
-  # The sizes side by side, one process each (a 12×12 tile is bound by its arithmetic, a 6×6 one by its
-  # launches, so they overlap on one GPU); each size's log in $out/lipizzaner-NxN.txt, the table after.
-  if [ -n "${QUICK:-}" ]; then sizes=${SIZES:-3 2} quick=--quick; else sizes=${SIZES:-12 6} quick=; fi
+  # The sizes side by side, one process each (SIZES="12 6": a 12×12 tile is bound by its arithmetic, a
+  # 6×6 one by its launches, so they overlap on one GPU); each size's log in $out/lipizzaner-NxN.txt,
+  # the table after. ARMS="full no-selection" adds the NeurIPS 2018 configs' arm to each size's run.
+  if [ -n "${QUICK:-}" ]; then sizes=${SIZES:-3 2} quick=--quick; else sizes=${SIZES:-12} quick=; fi
   mkdir -p "$out/lipizzaner"
   cp .data/lipizzaner/classifier-*.safetensors "$out/lipizzaner/" 2>/dev/null ||
     echo "no referee in .data/lipizzaner (bash benchmarks/gpu.sh prepare makes it): each run trains it on the CPU" >&2
   pids=()
   for size in $sizes; do
     echo "== lipizzaner ${size}x${size}: log in $out/lipizzaner-${size}x${size}.txt"
-    python3 benchmarks/lipizzaner.py --arms full --sizes "$size" --seeds ${SEEDS:-0} --device "$DEVICE" \
+    python3 benchmarks/lipizzaner.py --arms ${ARMS:-full} --sizes "$size" --seeds ${SEEDS:-0} --device "$DEVICE" \
       --out "$out/lipizzaner" $quick >"$out/lipizzaner-${size}x${size}.txt" 2>&1 &
     pids+=($!)
   done
