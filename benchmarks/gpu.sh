@@ -27,11 +27,12 @@ if [ "${1:-}" = prepare ]; then
       -d .whl "$p==$v" || echo "no wheel found: $p==$v" >&2
   done
   if [ -d "${PALOMINO_DATA_DIR:-}/mnist" ]; then
-    rm -rf .data/mnist && mkdir -p .data && cp -rL "$PALOMINO_DATA_DIR/mnist" .data/ && chmod -R u+w .data  # -L: a link would not travel
-    # The seeds' table's referee, trained here once (CPU, seeded): the host reuses it rather than spend
-    # its device time on a CPU job, and every row is scored by the same classifier.
-    [ -f .data/lipizzaner/classifier-mnist.safetensors ] ||
-      PALOMINO_DATA_DIR=$PWD/.data .venv/bin/python benchmarks/lipizzaner.py --referee-only --out .data/lipizzaner
+    if [ "$(realpath "$PALOMINO_DATA_DIR/mnist")" != "$(realpath -m .data/mnist)" ]; then  # -L: a link would not travel
+      rm -rf .data/mnist && mkdir -p .data && cp -rL "$PALOMINO_DATA_DIR/mnist" .data/ && chmod -R u+w .data
+    fi
+    # The seeds' table's referee, trained here once (CPU, seeded; its weights and their checksum): the
+    # host reuses it rather than spend its device time on a CPU job, and every row is scored by it.
+    PALOMINO_DATA_DIR=$PWD/.data .venv/bin/python benchmarks/lipizzaner.py --referee-only --out .data/lipizzaner
   else
     echo "no \$PALOMINO_DATA_DIR/mnist: the host measures on random images of MNIST's shape" >&2
   fi
@@ -69,8 +70,12 @@ if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iter
   # the table after. ARMS="full no-selection" adds the NeurIPS 2018 configs' arm to each size's run.
   if [ -n "${QUICK:-}" ]; then sizes=${SIZES:-3 2} quick=--quick; else sizes=${SIZES:-12} quick=; fi
   mkdir -p "$out/lipizzaner"
-  cp .data/lipizzaner/classifier-*.safetensors "$out/lipizzaner/" 2>/dev/null ||
-    echo "no referee in .data/lipizzaner (bash benchmarks/gpu.sh prepare makes it): each run trains it on the CPU" >&2
+  if [ -f .data/lipizzaner/classifier-mnist.json ]; then
+    cp .data/lipizzaner/classifier-mnist.safetensors .data/lipizzaner/classifier-mnist.json "$out/lipizzaner/"
+  else  # once, before the runs side by side would each train it into the same files
+    echo "no referee in .data/lipizzaner (bash benchmarks/gpu.sh prepare makes it): trained here, on the CPU" >&2
+    python3 benchmarks/lipizzaner.py --referee-only --out "$out/lipizzaner"
+  fi
   pids=()
   for size in $sizes; do
     echo "== lipizzaner ${size}x${size}: log in $out/lipizzaner-${size}x${size}.txt"
@@ -80,6 +85,7 @@ if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iter
   done
   failed=0
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  [ "$failed" = 0 ] || tail -n 20 "$out"/lipizzaner-*.txt
   run lipizzaner-table python3 benchmarks/lipizzaner.py --table-only --out "$out/lipizzaner"
   exit $failed
 fi

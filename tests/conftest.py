@@ -102,6 +102,21 @@ def benchmark_module(name: str) -> ModuleType:
     return sys.modules[key]
 
 
+def float32_dataset(data: Any) -> Any:
+    """The dataset of a DataConfig loaded as float32 (datasets are float32 by contract), whatever
+    the default dtype of the test (float64 in the equality tests)."""
+    import torch
+
+    from palomino.data import load_dataset
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        return load_dataset(data, 0)
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def tiny(**changes: Any) -> dict[str, Any]:
     """The TINY config with section-level changes: tiny(training={"iterations": 5})."""
     return merge(TINY, changes)

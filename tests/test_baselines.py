@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import float32_dataset, tiny
 
 from palomino.baselines import Budget, train_independent
 from palomino.config import ExperimentConfig, parse_config
-from palomino.data import Dataset, load_dataset
+from palomino.data import Dataset
 
 
 def config(**changes: Any) -> ExperimentConfig:
@@ -20,12 +20,7 @@ def config(**changes: Any) -> ExperimentConfig:
 
 def regions(cfg: ExperimentConfig, sizes: list[int]) -> list[Dataset]:
     """Parts of the ring of `sizes` points (one smaller than a batch), in the default dtype."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)  # datasets are float32 by contract
-    try:
-        ring = load_dataset(cfg.data, 0)
-    finally:
-        torch.set_default_dtype(previous)
+    ring = float32_dataset(cfg.data)
     parts, start = [], 0
     for size in sizes:
         part = Dataset(ring.name, ring.samples[start : start + size], None, ring.kind, ring.modes, ring.mode_std)

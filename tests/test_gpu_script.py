@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_gpu_script(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`bash benchmarks/gpu.sh ARGS` in its quick CPU form, its tables in `out`."""
+def run_gpu_script(out: Path, *args: str, timeout: float = 540) -> subprocess.CompletedProcess[str]:
+    """`bash benchmarks/gpu.sh ARGS` in its quick CPU form, its tables in `out`. Past `timeout` the
+    script and every process it started are stopped (its runs go on in the background otherwise)."""
     env = {
         **os.environ,
         "DEVICE": "cpu",
@@ -24,12 +26,22 @@ def run_gpu_script(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     command = ["bash", "benchmarks/gpu.sh", *args]
-    return subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    script = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = script.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(script.pid, signal.SIGKILL)
+        script.communicate()
+        raise
+    return subprocess.CompletedProcess(command, script.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # every stage in its quick form: minutes, more beside other work
 def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
-    done = run_gpu_script(tmp_path)
+    done = run_gpu_script(tmp_path, timeout=1100)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for stage in (
         "tiles-steps",
@@ -54,10 +66,11 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # ~5 min alone: the referee's classifier, then two grids side by side
 def test_the_gpu_scripts_lipizzaner_row_runs_on_a_cpu(tmp_path: Path, mnist_dir: Path) -> None:
     """The 12×12 and 6×6 rows of the seeds' table (issue 47) in their quick form: a 3×3 and a 2×2 grid
     side by side, both scorers, and the table joined after."""
-    done = run_gpu_script(tmp_path, "lipizzaner")
+    done = run_gpu_script(tmp_path, "lipizzaner", timeout=1400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(p.read_text()) for p in sorted((tmp_path / "lipizzaner" / "rows").glob("*.json"))]
     assert [(row["arm"], row["size"]) for row in rows] == [("full", "2x2"), ("full", "3x3")]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import benchmark_module, palomino, tiny, write_yaml
+from conftest import benchmark_module, float32_dataset, palomino, tiny, write_yaml
 
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import CPU_TILE_PARAMETERS, Tile, use_tile
@@ -38,12 +38,7 @@ def config(**changes: Any) -> ExperimentConfig:
 
 def ring64() -> Dataset:
     """The ring toy; make_cells moves the cells' data to the default dtype (float64 in these tests)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)  # datasets are float32 by contract
-    try:
-        return load_dataset(config().data, 0)
-    finally:
-        torch.set_default_dtype(previous)
+    return float32_dataset(config().data)
 
 
 def make_cells(cfg: ExperimentConfig, dataset: Dataset) -> list[Cell]:
@@ -310,10 +305,13 @@ def test_a_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict
         assert len(rates) > 1  # members really trained at different rates
 
 
-def test_a_tile_scores_lipizzaners_fid_mixtures_in_one_pass_as_each_cell_would(float64: None, mnist_dir: Path) -> None:
+@pytest.mark.parametrize("exact", [True, False], ids=["a-call-a-component", "fixed-size-calls"])
+def test_a_tile_scores_lipizzaners_fid_mixtures_in_one_read_as_each_cell_would(
+    float64: None, mnist_dir: Path, exact: bool
+) -> None:
     """mixture.score fid (the faithful mode's): a batched tile runs every cell's mixture through
-    Lipizzaner's CNN in one pass and one read (Cell.frechet_scores), and each cell ends where its
-    own 1 + G reads take it."""
+    Lipizzaner's CNN and reads the logits once (Cell.frechet_scores), and each cell ends where its
+    own 1 + G reads take it (`exact=False`: in a GPU's fixed-size calls, to float rounding)."""
     digits = {"name": "mnist", "dir": str(mnist_dir), "split": "test", "size": 400}
     cfg = config(
         grid={"rows": 2, "cols": 2},
@@ -327,15 +325,12 @@ def test_a_tile_scores_lipizzaners_fid_mixtures_in_one_pass_as_each_cell_would(f
             "selection": {"replacement": "if_fitter", "opponents": "per_batch"},
         },
     )
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)  # datasets are float32 by contract
-    try:
-        dataset = load_dataset(cfg.data, 0)
-    finally:
-        torch.set_default_dtype(previous)
+    dataset = float32_dataset(cfg.data)
     alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
-    expected = one_by_one(alone, 3)
-    assert_same_reports(expected, tiled(together, 3, batched=True))
+    expected, tile, reports = one_by_one(alone, 3), Tile(together, batched=True, exact=exact), []
+    for _ in range(3):
+        reports += [report.to_json() for report in tile.iterate(neighbourhoods(together))]
+    assert_same_reports(expected, reports)
     assert_same_cells(alone, together)
     assert len({round(cell.score, 6) for cell in together}) == 4  # each cell's own mixture was scored
 

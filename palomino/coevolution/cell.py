@@ -359,13 +359,18 @@ class Cell:
         return FrechetScore.from_features([to_host(self._logits(f)) for f in fakes], to_host(self._logits(real)))
 
     @torch.no_grad()
-    def frechet_scores(self, fakes: torch.Tensor, reals: torch.Tensor) -> list[FrechetScore]:
+    def frechet_scores(self, fakes: torch.Tensor, reals: torch.Tensor, exact: bool = True) -> list[FrechetScore]:
         """Many cells' mixtures scored as `_mixture_score_of` scores one, a tile's way: fakes
-        (J, G, B, …) and reals (J, S, …) through the feature net in a few fixed-size calls and
-        one read, instead of 1 + G reads a cell (864 at 144 cells)."""
+        (J, G, B, …) and reals (J, S, …) through the feature net and read back once, instead of
+        1 + G reads a cell (864 at 144 cells). `exact`: one call a component and real draw, as each
+        cell makes them (the same numbers); else a few fixed-size calls (a GPU's)."""
         cells, components, batch, samples = *fakes.shape[:3], reals.shape[1]
-        images = torch.cat([fakes.reshape(cells * components * batch, -1), reals.reshape(cells * samples, -1)])
-        logits = to_host(torch.cat([self._logits(part) for part in images.split(FEATURE_CHUNK)]))
+        each = fakes.reshape(cells * components, batch, -1)
+        if exact:
+            parts = [*each, *reals]
+        else:
+            parts = torch.cat([each.flatten(0, 1), reals.reshape(cells * samples, -1)]).split(FEATURE_CHUNK)
+        logits = to_host(torch.cat([self._logits(part) for part in parts]))
         fake_logits = logits[: cells * components * batch].view(cells, components, batch, -1)
         real_logits = logits[cells * components * batch :].view(cells, samples, -1)
         return [FrechetScore.from_features(list(f), r) for f, r in zip(fake_logits, real_logits)]

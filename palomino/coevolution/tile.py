@@ -157,7 +157,7 @@ class Tile:
             reals = torch.stack([d.real for d in chosen])
             if self.cells[0].config.training.mixture.score == "mmd":
                 return MixtureScore.from_batch(fakes, reals)
-            return self.cells[indices[0]].frechet_scores(fakes, reals)  # fid: Lipizzaner's CNN's logits
+            return self.cells[indices[0]].frechet_scores(fakes, reals, self.exact)  # fid: on Lipizzaner's CNN
 
         return self._per_stack(part_scores, run)
 
