@@ -11,7 +11,8 @@
 # Then, on the host: bash benchmarks/gpu.sh   (DEVICE=cpu QUICK=1 bash benchmarks/gpu.sh: a CPU try)
 # `bash benchmarks/gpu.sh lipizzaner` instead runs the seeds' 12×12 row (issue 47: Lipizzaner's full
 # experiment at 200 passes, both scorers, benchmarks/lipizzaner.py; SIZES="12 6", SEEDS="0 1" and ARMS
-# choose; JSON rows in $OUT/lipizzaner/rows, the table in $OUT/lipizzaner/table.json).
+# choose; JSON rows in $OUT/lipizzaner/rows, the table in $OUT/lipizzaner/table.json). Longer than a
+# device call? `WAIT=530 bash benchmarks/lease.sh bash benchmarks/gpu.sh lipizzaner`, sent again at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
