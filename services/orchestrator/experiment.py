@@ -65,6 +65,7 @@ class Experiment:
     collecting: bool = False  # every cell is done and result/ is being written
     client: str = ""  # who submitted it (the API's peer address): submissions are capped per client
     ended_at: float | None = None  # wall time it ended: listed until the retention has passed
+    scores_owed: list[str] = field(default_factory=list)  # score targets not yet confirmed queued (owed_scores)
     # metrics.jsonl is appended to record by record and rewritten (off the event loop) where a
     # replacement redoes iterations: one at a time.
     metrics_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -98,8 +99,8 @@ class Experiment:
         }
 
     def release_results(self) -> None:
-        """Once it has ended, its cells' results are on disk (collected/, result/) and their score
-        jobs queued: keep which cells finished, not their mixtures' and pictures' bytes. An ended
+        """Once it has ended, its cells' results are on disk (collected/, result/), whence its score
+        jobs are built: keep which cells finished, not their mixtures' and pictures' bytes. An ended
         experiment stays listed for the retention (a week by default), and each had held ~0.5 MB a
         cell: a long-lived orchestrator grew by every experiment it ran."""
         self.done = {coord: replace(r, payload=b"", samples_png=b"") for coord, r in self.done.items()}
@@ -130,6 +131,7 @@ class Experiment:
             "laid_out": sorted(str(c) for c in self.laid_out),
             "history_since": {str(c): e for c, e in self.history_since.items()},
             "ended_at": self.ended_at,
+            "scores_owed": self.scores_owed,
         }  # fmt: skip
         try:
             write_state(self.run.path, state)
@@ -149,6 +151,7 @@ class Experiment:
             experiment.topology = Topology(int(t["rows"]), int(t["cols"]), t["kind"], epoch=int(t["epoch"]))
         experiment.cells = {parse_coord(c): str(w) for c, w in saved.get("cells", {}).items()}
         experiment.failures = list(saved.get("failures", []))
+        experiment.scores_owed = [str(target) for target in saved.get("scores_owed", [])]
         experiment.laid_out = {parse_coord(c) for c in saved.get("laid_out", [])}
         experiment.history_since = {parse_coord(c): int(e) for c, e in saved.get("history_since", {}).items()}
         collected = read_collected(run.path, list(saved.get("done", [])), with_bytes=not experiment.finished)

@@ -58,7 +58,7 @@ class Orchestrator:
         self.placement = Placement(self.shared, self.records)
         self.results = Results(self.shared, self.placement)
         self.recovery = Recovery(self.shared, self.placement, self.results)
-        self.supervisor = Supervisor(self.shared, self.placement, self.recovery)
+        self.supervisor = Supervisor(self.shared, self.placement, self.recovery, self.results.owed)
         self._stack = AsyncExitStack()  # what start() opened, closed in reverse by close()
 
     # The shared state, by the names the API and tests use.
@@ -125,9 +125,15 @@ class Orchestrator:
         await scoring.follow_results(score_queue_name(namespace, RESULTS_QUEUE), self.results.on_score)
         task = asyncio.create_task(self.supervisor.run())
         self._stack.callback(task.cancel)
-        for experiment in list(shared.experiments.values()):  # every cell reported before the restart
-            async with shared.lock:
+        await self.resume()
+
+    async def resume(self) -> None:
+        """What a killed orchestrator left half done: experiments every cell of which had reported,
+        and the score jobs finished ones still owe."""
+        async with self.shared.lock:
+            for experiment in list(self.shared.experiments.values()):
                 await self.results.maybe_finish(experiment)
+            await self.results.owed.pay_due()
 
     async def close(self) -> None:
         try:

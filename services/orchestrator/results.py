@@ -11,16 +11,16 @@ import math
 import time
 from pathlib import Path
 
-from palomino.errors import PalominoError
 from palomino.grid import Coord
 from palomino.runs.directory import RunDirectory, finite_json
-from palomino.runs.result import CellResult, grid_components, save_encoded, write_ensemble, write_result
+from palomino.runs.result import CellResult, write_ensemble, write_result
+from palomino.services.orchestrator import owed_scores
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
 from palomino.services.orchestrator.placement import Placement
 from palomino.services.orchestrator.shared import Shared
 from palomino.wire.control_messages import Done
-from palomino.wire.score_messages import ScoreJob, ScoreResult
+from palomino.wire.score_messages import ScoreResult
 
 log = logging.getLogger(__name__)
 
@@ -47,35 +47,46 @@ def accept_ensemble(run: RunDirectory, result: ScoreResult) -> None:
     write_ensemble(run, (folder / "mixture.safetensors").read_bytes(), description, summary, png)
 
 
+def read_scores(folder: Path) -> dict:
+    try:
+        scores = json.loads(RunDirectory(folder).scores_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return scores if isinstance(scores, dict) else {}
+
+
+def entry_of(scores: dict, result: ScoreResult) -> tuple[dict, str]:
+    """Where `result` goes in scores.json: ("best"), "cells" → target, "periodic" → "r-c@iteration"."""
+    if result.iteration is None and result.target == "best":
+        return scores, "best"
+    if result.iteration is None:
+        return scores.setdefault("cells", {}), result.target
+    return scores.setdefault("periodic", {}), f"{result.target}@{result.iteration}"
+
+
+def already_scored(folder: Path, result: ScoreResult) -> bool:
+    """Its target has a score already (not an error): a job queued twice (owed_scores) scored twice."""
+    section, key = entry_of(read_scores(folder), result)
+    return isinstance(section.get(key), dict) and "error" not in section[key]
+
+
 def record_score(folder: Path, result: ScoreResult) -> None:
     """Merge one result into scores.json, laid out as `palomino score` writes it ("best", "cells"),
     plus "periodic": {"r-c@iteration": ...} for `scoring.every`. A failed job's entry is {"error": ...}."""
-    import json
-
     from palomino.io import atomic_write
 
-    path = RunDirectory(folder).scores_path
-    try:
-        scores = json.loads(path.read_text())
-    except (OSError, ValueError):
-        scores = {}
+    scores = read_scores(folder)
     scores.setdefault("run", result.experiment)
     entry = {"scorer": result.scorer, **({"error": result.error} if result.error else result.scores)}
-    if result.iteration is None and result.target == "best":
-        scores["best"] = entry
-    elif result.iteration is None:
-        scores.setdefault("cells", {})[result.target] = entry
-    else:
-        scores.setdefault("periodic", {})[f"{result.target}@{result.iteration}"] = {
-            "iteration": result.iteration,
-            **entry,
-        }
-    atomic_write(path, json.dumps(finite_json(scores), indent=2, allow_nan=False).encode())
+    section, key = entry_of(scores, result)
+    section[key] = entry if result.iteration is None else {"iteration": result.iteration, **entry}
+    atomic_write(RunDirectory(folder).scores_path, json.dumps(finite_json(scores), indent=2, allow_nan=False).encode())
 
 
 class Results:
     def __init__(self, shared: Shared, placement: Placement) -> None:
         self.shared, self.placement = shared, placement
+        self.owed = owed_scores.OwedScores(shared)
 
     async def on_done(self, experiment: Experiment, message: Done, payload: bytes) -> None:
         coord = Coord(*message.coord)
@@ -122,6 +133,7 @@ class Results:
             if experiment.state != "running":
                 return  # stopped while result/ was being written
             experiment.state, experiment.ended_at = "finished", time.time()  # only now: result/ is complete
+            experiment.scores_owed = owed_scores.targets(experiment)  # saved with "finished": never lost
             await asyncio.to_thread(experiment.persist)
             self.shared.boards.end(experiment)
             log.info(
@@ -134,43 +146,9 @@ class Results:
             await self.shared.event(
                 experiment, "state", {"state": "finished", "best_cell": best.cell, "best_score": best.score}
             )
-            await self._enqueue_scoring(experiment, best)
-            experiment.release_results()
+            experiment.release_results()  # the score jobs are built from the run directory
+            await self.owed.pay(experiment)
             await self.placement.forget_all_published(experiment)
-
-    async def _enqueue_scoring(self, experiment: Experiment, best: CellResult) -> None:
-        """Score jobs for the best mixture and every cell's (scorers may come later: the queue keeps them)."""
-        scoring = experiment.config.scoring
-        if not scoring.final:
-            return
-        targets = [
-            (str(coord), result.description, result.payload, None) for coord, result in sorted(experiment.done.items())
-        ]
-        if experiment.partition is None:  # a class mixture has no single payload: `palomino score` scores it
-            targets.insert(0, await self._best_target(experiment, best))
-        for target, description, payload, ensemble in targets:
-            job = ScoreJob.of(experiment.id, experiment.config, target, description, ensemble=ensemble)
-            try:
-                await self.shared.scoring.enqueue(job, payload)
-            except PalominoError as error:
-                log.warning("score job %s not queued: %s", job.job, error)
-                return
-
-    async def _best_target(self, experiment: Experiment, best: CellResult) -> tuple[str, dict, bytes, dict | None]:
-        """The "best" score job: the best neighbourhood mixture, or — training.ensemble.scope grid — every
-        cell's generator, for the scorer to optimise into the grid's ensemble (kept in result/grid/
-        until its weights come back)."""
-        config = experiment.config
-        if not config.grid_ensemble:
-            return "best", best.description, best.payload, None
-        results = list(experiment.done.values())
-        try:
-            payload, description = await asyncio.to_thread(grid_components, results, experiment.id)
-            await asyncio.to_thread(save_encoded, experiment.run.result_dir / "grid", payload, description)
-        except (OSError, ValueError, KeyError) as error:  # the best cell's mixture is still a result
-            log.warning("experiment %s: no grid ensemble (%s); scoring the best cell's mixture", experiment.id, error)
-            return "best", best.description, best.payload, None
-        return "best", description, payload, config.model_dump(mode="json")
 
     async def on_score(self, result: ScoreResult) -> None:
         """A scorer's result → the run's scores.json (also for runs this orchestrator no longer holds);
@@ -179,6 +157,10 @@ class Results:
         folder = experiment.run.path if experiment else self.shared.runs / result.experiment
         if not RunDirectory(folder).is_run():
             log.info("score for unknown experiment %s dropped", result.experiment)
+            return
+        if await asyncio.to_thread(already_scored, folder, result):
+            self.shared.counters["scores_twice"] += 1
+            log.info("score %s arrived again (its job was queued twice): the first stands", result.job)
             return
         if result.target == "best" and result.ensemble is not None:
             try:

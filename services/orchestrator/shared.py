@@ -25,7 +25,13 @@ GATHER = 2.0
 
 
 def new_counters() -> dict[str, int]:
-    return {"control_messages": 0, "metrics_records": 0, "failures_handled": 0, "untrusted_messages": 0}
+    return {
+        "control_messages": 0,
+        "metrics_records": 0,
+        "failures_handled": 0,
+        "untrusted_messages": 0,
+        "scores_twice": 0,
+    }
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Liveness supervision: who is alive (Redis heartbeats), waiting experiments started when workers
-are there, running ones checked for dead cells, ended ones evicted after their retention."""
+are there, running ones checked for dead cells, finished ones' owed score jobs offered again,
+ended ones evicted after their retention."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import time
 
 from palomino.errors import PalominoError
+from palomino.services.orchestrator.owed_scores import OwedScores
 from palomino.services.orchestrator.placement import Placement, bounded
 from palomino.services.orchestrator.recovery import Recovery
 from palomino.services.orchestrator.shared import Shared
@@ -21,8 +23,8 @@ HELLO_AGAIN = 10.0  # seconds before a live slot that has not registered is aske
 
 
 class Supervisor:
-    def __init__(self, shared: Shared, placement: Placement, recovery: Recovery) -> None:
-        self.shared, self.placement, self.recovery = shared, placement, recovery
+    def __init__(self, shared: Shared, placement: Placement, recovery: Recovery, owed: OwedScores) -> None:
+        self.shared, self.placement, self.recovery, self.owed = shared, placement, recovery, owed
         self._redis_ok = True
         self._asked: dict[str, float] = {}  # live slots not known, when they were asked to register
 
@@ -38,6 +40,7 @@ class Supervisor:
                             await self.placement.try_start(experiment)
                         elif experiment.state == "running":
                             await self.recovery.check_cells(experiment)
+                    await self.owed.pay_due()  # score jobs the broker refused, or a restart found owed
             except PalominoError as error:
                 log.warning("supervision: %s", error)
             except Exception:
