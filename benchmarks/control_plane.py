@@ -52,6 +52,7 @@ class Plan:
     period: float
     snapshot_bytes: int
     checkpoint_bytes: int
+    fail_at: int = 0  # a fault to test the harness with: the first cell reports it cannot go on here
     record: dict[str, Any] = field(default_factory=dict)
     done: dict[str, Any] = field(default_factory=dict)
     mixture: bytes = b""
@@ -60,7 +61,9 @@ class Plan:
     @classmethod
     def read(cls, folder: Path) -> Plan:
         settings = json.loads((folder / "plan.json").read_text())
-        plan = cls(folder, settings["period"], settings["snapshot_bytes"], settings["checkpoint_bytes"])
+        plan = cls(
+            folder, settings["period"], settings["snapshot_bytes"], settings["checkpoint_bytes"], settings["fail_at"]
+        )
         plan.record, plan.done = settings["record"], settings["done"]
         plan.mixture = (folder / "mixture.safetensors").read_bytes()
         return plan
@@ -97,10 +100,14 @@ class SimulatedBlock:
     def slots(self) -> list[str]:
         return list(self.assigns)
 
-    async def report_failure(self, slot: str, reason: str, restore_failed: bool = False) -> None:
+    async def report_failure(
+        self, slot: str, reason: str, restore_failed: bool = False, transient: bool = False
+    ) -> None:
         from palomino.wire.control_messages import Failed
 
-        failed = Failed(experiment=self.experiment, worker=slot, reason=reason, restore_failed=restore_failed)
+        failed = Failed(
+            experiment=self.experiment, worker=slot, reason=reason, restore_failed=restore_failed, transient=transient
+        )
         await self.links.control.send(self.links.orchestrator, failed)
 
     async def run(self) -> None:
@@ -114,7 +121,9 @@ class SimulatedBlock:
             self.links.set_ttl(slot, config["distributed"]["heartbeat_ttl"])
             self.plan.event(self.log, kind="assigned", slot=slot, coord=list(assign.coord), epoch=assign.epoch, start=start)  # fmt: skip
         settings = self.links.settings
-        bus = RabbitSnapshotBus(settings.broker_url, self.experiment, key=settings.signer)
+        bus = RabbitSnapshotBus(
+            settings.broker_url, self.experiment, key=settings.signer, connect_deadline=settings.connect_deadline
+        )
         await bus.connect()
         try:
             await self._bind(bus, config)
@@ -123,6 +132,9 @@ class SimulatedBlock:
                 if self._apply_resizes():
                     await self._bind(bus, config)
                 for slot, cell in list(self.cells.items()):
+                    if self.plan.fail_at and cell.iteration == self.plan.fail_at and cell.coord == (0, 0):
+                        await self.report_failure(slot, f"{slot}: a fault injected at iteration {cell.iteration}")
+                        return
                     if cell.iteration < iterations:
                         await self._iterate(slot, cell, config, bus)
             if not self.stop.is_set():
@@ -277,6 +289,7 @@ def prepare(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         "period": args.period,
         "snapshot_bytes": args.snapshot_bytes,
         "checkpoint_bytes": args.checkpoint_bytes,
+        "fail_at": args.fail_at,
         "record": record,
         "done": {"score": result.score, "description": result.description},
     }
@@ -325,13 +338,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     slots = args.workers * args.cells_per_worker
     args.shape = shape(slots)
     victims = max(1, round(args.workers * args.kill)) if args.kill > 0 else 0
-    work = Path(tempfile.mkdtemp(prefix="control-plane-"))
-    servers = Servers(work / "servers")
-    servers.start()
+    work = Path(tempfile.mkdtemp(prefix="control-plane-", dir=args.work))
     processes: list[subprocess.Popen] = []
+
+    def stop(signum: int, frame: Any) -> None:  # SIGTERM/SIGINT: `finally` below stops all it started
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    servers = Servers(work / "servers")
     experiment_id = ""
     report: dict[str, Any] = {"workers": args.workers, "slots": slots, "grid": "×".join(map(str, args.shape))}
     try:
+        servers.start()  # inside: a signal while they start still stops what started
         port = free_port()
         env = {**os.environ, "PALOMINO_BROKER_URL": servers.broker_url, "PALOMINO_REDIS_URL": servers.redis_url,
                "PALOMINO_NAMESPACE": f"bench{port}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
@@ -367,6 +386,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def alive() -> int:
             return health.get("/healthz").json().get("workers_alive", 0)
 
+        def ended() -> dict[str, Any] | None:
+            """The experiment, once it failed or was stopped: no wait outlasts that."""
+            now = client.experiment(experiment_id) if experiment_id else {}
+            return now if now.get("state") in ("failed", "stopped") else None
+
         try:
             started = time.monotonic()
             wait(lambda: alive() >= slots, 600, f"{slots} live slots")
@@ -377,12 +401,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             submitted = time.time()
             summary = client.submit(yaml.safe_dump(experiment))
             experiment_id = summary["id"]
-            wait(lambda: assigned(plan, slots) >= slots, 600, "every cell assigned")
+            wait(lambda: assigned(plan, slots) >= slots, 600, "every cell assigned", ended)
             first = [e for e in events(plan) if e["kind"] == "assigned"]
             report["submit_to_all_assigned_s"] = round(sorted(e["t"] for e in first)[slots - 1] - submitted, 2)
             if victims:
                 start("spares", victims)
-                wait(lambda: alive() >= slots + victims * args.cells_per_worker, 600, "the spares")
+                wait(lambda: alive() >= slots + victims * args.cells_per_worker, 600, "the spares", ended)
             time.sleep(min(10.0, args.period * 2))  # past the start
             before = sent(plan)
             window_start = time.monotonic()
@@ -395,7 +419,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             if victims:
                 kill_after = slots * args.iterations // 3
-                wait(lambda: client.experiment(experiment_id)["records"] >= kill_after, 900, "a third of the records")
+                wait(
+                    lambda: client.experiment(experiment_id)["records"] >= kill_after,
+                    900,
+                    "a third of the records",
+                    ended,
+                )
                 now = client.experiment(experiment_id)
                 if now["state"] != "running" or now["records"] > slots * args.iterations * 2 // 3:
                     raise TimeoutError("the run was too short to kill workers in its middle: raise --iterations")
@@ -408,7 +437,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 def replaced() -> list[dict[str, Any]]:
                     return [e for e in events(plan) if e["kind"] == "assigned" and e["t"] > killed_at and tuple(e["coord"]) in victim_cells]  # fmt: skip
 
-                wait(lambda: {tuple(e["coord"]) for e in replaced()} >= victim_cells, args.ttl + 120, "the lost cells replaced")  # fmt: skip
+                wait(lambda: {tuple(e["coord"]) for e in replaced()} >= victim_cells, args.ttl + 120, "the lost cells replaced", ended)  # fmt: skip
                 report["killed_workers"] = victims
                 report["death_to_replacement_s"] = round(max(e["t"] for e in replaced()) - killed_at, 2)
                 report["ttl_s"] = args.ttl
@@ -420,10 +449,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report.update(check_records(Path(final["run_dir"]), final, args.iterations))
             report["dones_taken"] = len(list((Path(final["run_dir"]) / "result" / "cells").glob("*/mixture.json")))
             report["orchestrator_cpu_total_s"] = round(cpu_seconds(orchestrator.pid), 1)
+        except Ended as error:  # its verdict, at once
+            report["error"] = str(error)
+            report["state"], report["reason"] = error.summary["state"], error.summary.get("reason", "")
         except (TimeoutError, PalominoError, httpx.HTTPError) as error:  # what was measured so far still counts
             report["error"] = str(error)
             if experiment_id:
                 report["at_error"] = {k: client.experiment(experiment_id)[k] for k in ("state", "records", "epoch")}
+        report.update(connects(work))
         return report
     finally:
         for process in processes:
@@ -457,7 +490,23 @@ def measure_cpu(pid: int, seconds: float) -> float:
     return round(100 * (cpu_seconds(pid) - start) / (time.monotonic() - wall), 1)
 
 
-def wait(condition: Any, timeout: float, what: str) -> None:
+class Ended(Exception):
+    def __init__(self, summary: dict[str, Any], what: str) -> None:
+        super().__init__(f"the experiment {summary['state']} while waiting for {what}: {summary.get('reason', '')}")
+        self.summary = summary
+
+
+def connects(work: Path) -> dict[str, int]:
+    """Broker connects the processes tried again (a storm) and gave up on, from their logs."""
+    logs = [path.read_text(errors="replace") for path in work.glob("*.log")]
+    return {
+        "connects_retried": sum(text.count("trying again for up to") for text in logs),
+        "connects_failed": sum(text.count("cannot connect to RabbitMQ") for text in logs),
+    }
+
+
+def wait(condition: Any, timeout: float, what: str, ended: Any = None) -> None:
+    """Until `condition()`; TimeoutError past `timeout`, Ended as soon as `ended()` returns the experiment."""
     import httpx
 
     from palomino.errors import PalominoError
@@ -467,6 +516,8 @@ def wait(condition: Any, timeout: float, what: str) -> None:
         try:
             if condition():
                 return
+            if ended is not None and (summary := ended()):
+                raise Ended(summary, what)
         except (httpx.HTTPError, PalominoError, OSError, ValueError, KeyError) as error:  # still starting: ask again
             last = f" (last: {error})"
         if time.monotonic() > deadline:
@@ -511,6 +562,8 @@ def main() -> None:
     parser.add_argument("--finish-timeout", type=float, default=900.0, help="seconds the run may take after the kill")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the report here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the working folder (logs, run directory)")
+    parser.add_argument("--work", type=Path, help="make the working folder in this folder (default: the temp dir)")
+    parser.add_argument("--fail-at", type=int, default=0, help="cell 0-0 reports it cannot go on at this iteration (0: never)")  # fmt: skip
     parser.add_argument("--simulate", help=argparse.SUPPRESS)  # a child: this process's name
     parser.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -519,11 +572,15 @@ def main() -> None:
         with open(args.plan / f"events-{args.simulate}.jsonl", "a") as log:
             asyncio.run(simulate(args.simulate, args.workers, args.cells_per_worker, args.plan, log))
         return
-    report = run(args)
+    try:
+        report = run(args)
+    except KeyboardInterrupt as signal_name:
+        print(f"stopped ({signal_name}): every process and server it started is stopped", file=sys.stderr)
+        sys.exit(130)
     print_report(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
-    if "error" in report:
+    if "error" in report or report.get("state") != "finished":
         sys.exit(1)
 
 

@@ -422,12 +422,13 @@ def test_a_cell_with_a_bad_broker_url_exits_with_a_clear_message() -> None:
         [sys.executable, "-m", "palomino", "cell", "--broker", "amqp://guest:guest@127.0.0.1:1/"],
         capture_output=True,
         text=True,
-        env=env(),
+        env={**env(), "PALOMINO_CONNECT_DEADLINE": "1"},  # refused: tried again for a second, then given up
         timeout=60,
         check=False,
     )
     assert result.returncode == 1
     assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in result.stderr
+    assert "trying again for up to 1 s" in result.stderr and " tries in " in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -402,3 +402,32 @@ def test_a_stopped_experiment_lets_go_of_its_results_bytes(tmp_path: Path) -> No
     asyncio.run(orchestrator.results.on_done(experiment, done("w0", (0, 0)), b"mixture"))
     asyncio.run(orchestrator.placement.end(experiment, "stopped", "deleted by its owner"))
     assert experiment.done[Coord(0, 0)].payload == b""
+
+
+def test_a_worker_that_cannot_reach_the_broker_is_replaced_not_the_experiment_failed(tmp_path: Path) -> None:
+    """Issue 52: a cell whose snapshot bus cannot connect (a connect storm) says so (Failed,
+    transient): handled as that worker's death, replaced by a spare, or the grid shrunk."""
+    from palomino.services.orchestrator.experiment import Worker
+    from palomino.wire.control_messages import Assign, Failed
+
+    orchestrator, experiment = running_2x2(tmp_path)
+
+    async def nothing_published(experiment: Experiment, coord: Coord) -> None:
+        return None  # no snapshot to hand over without a broker: from scratch
+
+    orchestrator.placement.newest_published = nothing_published
+    orchestrator.workers["w9"] = Worker("w9")
+    orchestrator.shared.alive = {"w0", "w1", "w2", "w3", "w9"}
+    cut_off = Failed(experiment=experiment.id, worker="w1", reason="w1: cannot connect to RabbitMQ", transient=True)
+    asyncio.run(orchestrator.on_control(cut_off, b""))
+    assert experiment.state == "running" and experiment.cells[Coord(0, 1)] == "w9"
+    assert experiment.failures[-1]["action"] == "replace" and experiment.failures[-1]["worker"] == "w1"
+    assert any(address == "cell.w9" and isinstance(m, Assign) for address, m in orchestrator.control.sent)
+
+    no_spare = Failed(experiment=experiment.id, worker="w2", reason="w2: cannot connect to RabbitMQ", transient=True)
+    asyncio.run(orchestrator.on_control(no_spare, b""))
+    assert experiment.state == "running" and "w2" not in experiment.cells.values()  # shrunk
+
+    fatal = Failed(experiment=experiment.id, worker="w0", reason="w0: the data is missing")
+    asyncio.run(orchestrator.on_control(fatal, b""))
+    assert experiment.state == "failed" and "the data is missing" in experiment.reason

@@ -134,7 +134,7 @@ async def test_silent_neighbours_cost_one_timeout_together(synchronous: bool, ca
 
 async def test_a_bad_broker_url_is_a_clear_error() -> None:
     with pytest.raises(TransportError, match=r"cannot connect to RabbitMQ at amqp://guest:\*\*\*@127.0.0.1:1/"):
-        await RabbitSnapshotBus("amqp://guest:secret@127.0.0.1:1/", "x").connect()
+        await RabbitSnapshotBus("amqp://guest:secret@127.0.0.1:1/", "x", connect_deadline=0).connect()
 
 
 @pytest.mark.integration

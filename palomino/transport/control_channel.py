@@ -27,6 +27,7 @@ from aio_pika.abc import (
 
 from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import (
+    CONNECT_DEADLINE,
     DEAD_EXCHANGE,
     InFlight,
     capped,
@@ -80,7 +81,9 @@ class ControlChannel:
         checkpoint_cap: tuple[int, int] = CHECKPOINT_QUEUE_CAP,
         key: MessageKey | None = None,
         also: list[str] | tuple[str, ...] = (),
+        connect_deadline: float = CONNECT_DEADLINE,
     ) -> None:
+        self.connect_deadline = connect_deadline
         self.also = list(also)  # further addresses this queue takes (a multi-cell worker's other slots)
         self.url, self.address, self.publish_timeout, self.cap, self.key = url, address, publish_timeout, cap, key
         self.checkpoint_cap = checkpoint_cap
@@ -114,7 +117,7 @@ class ControlChannel:
         return self._guard.rejected
 
     async def connect(self) -> ControlChannel:
-        self._connection = await connect(self.url)
+        self._connection = await connect(self.url, deadline=self.connect_deadline)
         channel = self.channel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=32)
         self._exchange = await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)

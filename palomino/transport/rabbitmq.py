@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -24,9 +25,9 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aiormq.exceptions import AMQPError, ChannelPreconditionFailed
+from aiormq.exceptions import AMQPError, ChannelPreconditionFailed, ProbableAuthenticationError
 
-from palomino.endpoints import BROKER_URL
+from palomino.endpoints import BROKER_URL, CONNECT_DEADLINE
 from palomino.errors import SnapshotError, TransportError
 from palomino.grid import Coord
 from palomino.transport.guard import Guard, describe_rejection
@@ -38,6 +39,8 @@ from palomino.wire import DEFAULT_MAX_BYTES, Snapshot, decode_snapshot, encode_s
 log = logging.getLogger(__name__)
 
 EXCHANGE = "palomino.snapshots"
+BACKOFF_FIRST, BACKOFF_CAP = 0.2, 10.0  # seconds: the first pause's bound, and the largest
+TRANSIENT = (TimeoutError, OSError)  # refused, timed out, unreachable, name not resolved yet (AMQP's are OSErrors)
 DEAD_EXCHANGE = "palomino.dead"
 DEAD_QUEUE = "palomino.dead-letters"
 CONTENT_TYPE = "application/vnd.palomino.snapshot+safetensors"
@@ -118,21 +121,35 @@ class InFlight:
         return time.monotonic() - self._started[0] if self._started else 0.0
 
 
-async def connect(url: str, timeout: float = 10.0) -> AbstractRobustConnection:
-    """A robust connection, or a TransportError that names the (redacted) URL and the cause."""
+async def connect(url: str, timeout: float = 10.0, deadline: float = CONNECT_DEADLINE) -> AbstractRobustConnection:
+    """A robust connection, or a TransportError that names the (redacted) URL and the cause.
+
+    A broker that times out or refuses (starting, or a thousand workers connecting at once) is
+    tried again after a pause drawn from [0, min(10 s, 0.2 s × 2^try)] (exponential backoff with
+    full jitter: the storm spreads out rather than returning in step), until `deadline` seconds
+    have passed (PALOMINO_CONNECT_DEADLINE); a bad URL or bad credentials fail at once."""
     log.debug("connecting to RabbitMQ at %s", redact(url))
-    try:
-        # A plain connection first: cancelled (SIGTERM while the broker does not answer), it leaves
-        # nothing behind, where a robust one would go on reconnecting and hold the process alive.
-        probe = await aio_pika.connect(url, timeout=timeout)
-        await probe.close()
-        return await aio_pika.connect_robust(url, timeout=timeout)
-    except (TimeoutError, OSError, AMQPError, ValueError) as error:
-        cause = str(error) or type(error).__name__
-        raise TransportError(
-            f"cannot connect to RabbitMQ at {redact(url)}: {cause} "
-            f"(check --broker / PALOMINO_BROKER_URL, e.g. {BROKER_URL})"
-        ) from None
+    started, tries = time.monotonic(), 0
+    while True:
+        tries += 1
+        try:
+            # A plain connection first: cancelled (SIGTERM while the broker does not answer), it leaves
+            # nothing behind, where a robust one would go on reconnecting and hold the process alive.
+            probe = await aio_pika.connect(url, timeout=timeout)
+            await probe.close()
+            return await aio_pika.connect_robust(url, timeout=timeout)
+        except (TimeoutError, OSError, AMQPError, ValueError) as error:
+            cause = str(error) or type(error).__name__
+            left = deadline - (time.monotonic() - started)
+            if not isinstance(error, TRANSIENT) or isinstance(error, ProbableAuthenticationError) or left <= 0:
+                raise TransportError(
+                    f"cannot connect to RabbitMQ at {redact(url)}: {cause}"
+                    + (f" ({tries} tries in {time.monotonic() - started:.0f} s)" if tries > 1 else "")
+                    + f" (check --broker / PALOMINO_BROKER_URL, e.g. {BROKER_URL})"
+                ) from None
+            if tries == 1:
+                log.warning("RabbitMQ at %s: %s; trying again for up to %.0f s", redact(url), cause, left)
+            await asyncio.sleep(min(left, random.uniform(0, min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** (tries - 1)))))
 
 
 def capped(max_length: int, max_bytes: int, overflow: str = "drop-head") -> dict[str, object]:
@@ -201,8 +218,10 @@ class RabbitSnapshotBus:
         validator: Callable[[Snapshot], None] | None = None,
         publish_timeout: float = 120.0,
         key: MessageKey | None = None,
+        connect_deadline: float = CONNECT_DEADLINE,
     ) -> None:
         self.url, self.experiment, self.max_bytes, self.key = url, experiment, max_bytes, key
+        self.connect_deadline = connect_deadline
         self.prefetch, self.validator, self.publish_timeout = prefetch, validator, publish_timeout
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
@@ -219,7 +238,7 @@ class RabbitSnapshotBus:
         return self._guard.rejected
 
     async def connect(self) -> RabbitSnapshotBus:
-        self._connection = await connect(self.url)
+        self._connection = await connect(self.url, deadline=self.connect_deadline)
         channel = self._channel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=self.prefetch)
         self._exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)

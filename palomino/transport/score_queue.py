@@ -24,6 +24,7 @@ from aio_pika.abc import (
 from palomino.transport.control_channel import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
 from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import (
+    CONNECT_DEADLINE,
     InFlight,
     capped,
     connect,
@@ -83,7 +84,9 @@ class ScoreQueue:
         publish_timeout: float = 120.0,
         max_bytes: int = SCORE_JOB_MAX_BYTES,
         key: MessageKey | None = None,
+        connect_deadline: float = CONNECT_DEADLINE,
     ) -> None:
+        self.connect_deadline = connect_deadline
         self.url, self.publish_timeout, self.max_bytes, self.key = url, publish_timeout, max_bytes, key
         self.namespace = namespace
         self.name = score_queue_name(namespace)
@@ -102,7 +105,7 @@ class ScoreQueue:
         return self._guard.rejected
 
     async def connect(self) -> ScoreQueue:
-        self._connection = await connect(self.url)
+        self._connection = await connect(self.url, deadline=self.connect_deadline)
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=1)  # one job at a time: the others stay for other scorers
         await declare_dead_letters(self._channel)

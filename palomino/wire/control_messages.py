@@ -132,6 +132,7 @@ class Failed(_Message):
     worker: str
     reason: str
     restore_failed: bool = False  # the assigned checkpoint or snapshot did not load: try an older one
+    transient: bool = False  # it could not reach the broker: handled as the worker's death, not the experiment's
 
 
 ControlMessage = Annotated[

@@ -158,7 +158,7 @@ class Block:
             first = next(iter(self.cells.values()))
             remote = RabbitSnapshotBus(
                 links.settings.broker_url, self.experiment, max_bytes=config.distributed.max_snapshot_bytes,
-                validator=fits(first), key=links.settings.signer,
+                validator=fits(first), key=links.settings.signer, connect_deadline=links.settings.connect_deadline,
             )  # fmt: skip
             await remote.connect()
             stack.push_async_callback(remote.close)
@@ -235,7 +235,9 @@ class Block:
         if not config.scoring.every:
             return None
         settings = self.links.settings
-        queue = ScoreQueue(settings.broker_url, settings.namespace, key=settings.signer)
+        queue = ScoreQueue(
+            settings.broker_url, settings.namespace, key=settings.signer, connect_deadline=settings.connect_deadline
+        )
         try:
             await queue.connect()
         except PalominoError as error:
@@ -305,10 +307,16 @@ class Block:
         await self.links.report_done(done, result.payload)
         log.info("cell %s of %s done (score %.4g)", cell.coord, self.experiment, result.score)
 
-    async def report_failure(self, slot: str, reason: str, restore_failed: bool = False) -> None:
+    async def report_failure(
+        self, slot: str, reason: str, restore_failed: bool = False, transient: bool = False
+    ) -> None:
         try:
             failed = Failed(
-                experiment=self.experiment, worker=slot, reason=f"{slot}: {reason}", restore_failed=restore_failed
+                experiment=self.experiment,
+                worker=slot,
+                reason=f"{slot}: {reason}",
+                restore_failed=restore_failed,
+                transient=transient,
             )
             await self.links.control.send(self.links.orchestrator, failed)
         except PalominoError as error:

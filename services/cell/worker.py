@@ -19,7 +19,7 @@ import uuid
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
-from palomino.errors import PalominoError
+from palomino.errors import PalominoError, TransportError
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.cell.block import Block, Links
 from palomino.services.cell.done_delivery import DoneDelivery
@@ -83,7 +83,13 @@ class CellWorker:
         settings = self.settings
         async with AsyncExitStack() as stack:  # closed in reverse whatever happens, connecting included
             others = [cell_address(slot) for slot in self.slots if slot != self.worker]
-            channel = ControlChannel(settings.broker_url, cell_address(self.worker), key=settings.signer, also=others)
+            channel = ControlChannel(
+                settings.broker_url,
+                cell_address(self.worker),
+                key=settings.signer,
+                also=others,
+                connect_deadline=settings.connect_deadline,
+            )
             self.control = await channel.connect()
             stack.push_async_callback(channel.close)
             self.liveness = RedisLiveness(settings.redis_url, liveness_key(settings.namespace))
@@ -213,6 +219,9 @@ class CellWorker:
     async def _train(self, block: Block) -> None:
         try:
             await block.run()
+        except TransportError as error:  # the broker out of reach: this worker's failure, not the run's
+            log.error("training %s stopped: %s", block.experiment, error)
+            await self._report_failure(block, str(error), transient=True)
         except PalominoError as error:
             log.error("training %s failed: %s", block.experiment, error)
             await self._report_failure(block, str(error))
@@ -220,6 +229,6 @@ class CellWorker:
             log.exception("training %s crashed", block.experiment)
             await self._report_failure(block, f"{type(error).__name__}: {error}")
 
-    async def _report_failure(self, block: Block, reason: str) -> None:
+    async def _report_failure(self, block: Block, reason: str, transient: bool = False) -> None:
         for slot in block.cells or block.slots:
-            await block.report_failure(slot, reason)
+            await block.report_failure(slot, reason, transient=transient)

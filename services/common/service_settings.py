@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from palomino.endpoints import BROKER_URL, ORCHESTRATOR_URL, REDIS_URL
+from palomino.endpoints import BROKER_URL, CONNECT_DEADLINE, ORCHESTRATOR_URL, REDIS_URL
 from palomino.services.common.auth import check_token
+from palomino.transport.replay import MAX_AGE
 from palomino.transport.signing import MessageKey
 
 
@@ -16,6 +17,8 @@ class ServiceSettings(BaseSettings):
     broker_url: str = BROKER_URL
     redis_url: str = REDIS_URL
     orchestrator_url: str = ORCHESTRATOR_URL
+    # Seconds a connect keeps trying a broker that times out or refuses (0: one try), with backoff.
+    connect_deadline: float = Field(CONNECT_DEADLINE, ge=0, le=3600)
     # Several stacks on one broker (e.g. two `palomino up` at once) keep apart by namespace:
     # each has its own orchestrator queue and score queue. Empty: the shared default names.
     namespace: str = Field("", pattern=r"^[A-Za-z0-9_-]{0,64}$")  # no dots: queue names stay unambiguous
@@ -34,6 +37,9 @@ class ServiceSettings(BaseSettings):
     # Signs every message between the stack's services (palomino/transport/signing.py); unset: none is
     # signed or checked. Every service of a stack needs the same one.
     message_key: SecretStr | None = None
+    # Seconds a signed message may wait in a queue before it is refused as a possible replay
+    # (palomino/transport/replay.py): a week, as long as a score job may wait for a scorer.
+    message_max_age: float = Field(MAX_AGE, ge=60, le=365 * 24 * 3600)
 
     @field_validator("orchestrator_token", "message_key")
     @classmethod
@@ -44,7 +50,9 @@ class ServiceSettings(BaseSettings):
 
     @property
     def signer(self) -> MessageKey | None:
-        return MessageKey(self.message_key.get_secret_value()) if self.message_key else None
+        if not self.message_key:
+            return None
+        return MessageKey(self.message_key.get_secret_value(), max_age=self.message_max_age)
 
     @property
     def token(self) -> str | None:

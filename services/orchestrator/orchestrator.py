@@ -42,7 +42,7 @@ async def preflight(settings: ServiceSettings) -> None:
     """Fail fast, with the URL named, when the broker or Redis cannot be reached."""
     from palomino.transport.rabbitmq import connect
 
-    connection = await connect(settings.broker_url)
+    connection = await connect(settings.broker_url, deadline=settings.connect_deadline)
     await connection.close()
     liveness = RedisLiveness(settings.redis_url, liveness_key(settings.namespace))
     try:
@@ -112,14 +112,16 @@ class Orchestrator:
         shared, settings = self.shared, self.shared.settings
         shared.runs.mkdir(parents=True, exist_ok=True)
         key, namespace = settings.signer, settings.namespace
-        channel = ControlChannel(settings.broker_url, orchestrator_address(namespace), key=key)
+        channel = ControlChannel(
+            settings.broker_url, orchestrator_address(namespace), key=key, connect_deadline=settings.connect_deadline
+        )
         shared.control = await channel.connect()
         self._stack.push_async_callback(channel.close)
         shared.liveness = RedisLiveness(settings.redis_url, liveness_key(namespace))
         self._stack.push_async_callback(shared.liveness.close)
         self._reload_experiments()  # before the first message: Done and Metrics waiting in the queue must find their experiment
         await shared.control.listen(self.on_control)
-        scoring = ScoreQueue(settings.broker_url, namespace, key=key)
+        scoring = ScoreQueue(settings.broker_url, namespace, key=key, connect_deadline=settings.connect_deadline)
         shared.scoring = await scoring.connect()
         self._stack.push_async_callback(scoring.close)
         await scoring.follow_results(score_queue_name(namespace, RESULTS_QUEUE), self.results.on_score)
@@ -241,6 +243,9 @@ class Orchestrator:
                     experiment.unusable.setdefault(coord, set()).add(experiment.restoring.pop(coord))
                     log.warning("cell %s of %s: %s; trying an older state", coord, experiment.id, message.reason)
                     await self.placement.assign(experiment, coord, message.worker, restore=True)
+                    return
+                if message.transient and coord not in experiment.done:  # the worker's failure, not the run's
+                    await self.recovery.handle_dead(experiment, {coord: message.worker}, message.reason)
                     return
                 await self.placement.end(experiment, "failed", message.reason)
 

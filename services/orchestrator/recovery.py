@@ -41,16 +41,20 @@ class Recovery:
         self.placement.prefetch(experiment, missing)  # their states, while GATHER decides
         if not any(self.shared.is_dead(w, ttl) for w in missing.values()):
             return
-        dead = missing  # with those that died with it (shared.GATHER): one epoch for them all
+        # With those that died with it (shared.GATHER): one epoch for them all.
+        await self.handle_dead(experiment, missing, f"no heartbeat for {ttl:.0f} s")
+
+    async def handle_dead(self, experiment: Experiment, dead: dict[Coord, str], why: str) -> None:
+        """Replace `dead` cells from spares or shrink the grid (distributed.on_failure): for lost
+        heartbeats, and for a worker that could not reach the broker (its Failed says transient)."""
+        ttl = experiment.config.distributed.heartbeat_ttl
         self.shared.counters["failures_handled"] += len(dead)
         level = per_cell_level(len(dead), logging.WARNING)
         for coord, worker in dead.items():
-            log.log(
-                level, "worker %s (cell %s of %s) is dead: no heartbeat for %.0f s", worker, coord, experiment.id, ttl
-            )
+            log.log(level, "worker %s (cell %s of %s) is dead: %s", worker, coord, experiment.id, why)
             self.shared.workers.pop(worker, None)
         if level == logging.DEBUG:
-            log.warning("%d workers of %s are dead (no heartbeat for %.0f s): %s …", len(dead), experiment.id, ttl,
+            log.warning("%d workers of %s are dead (%s): %s …", len(dead), experiment.id, why,
                         ", ".join(f"{w} ({c})" for c, w in list(dead.items())[:SHOWN]))  # fmt: skip
         policy = experiment.config.distributed.on_failure
         spares = self.shared.spares(ttl)

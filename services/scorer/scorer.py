@@ -102,7 +102,12 @@ class Scorer:
         return result
 
     async def run(self) -> None:
-        queue = await ScoreQueue(self.settings.broker_url, self.settings.namespace, key=self.settings.signer).connect()
+        queue = await ScoreQueue(
+            self.settings.broker_url,
+            self.settings.namespace,
+            key=self.settings.signer,
+            connect_deadline=self.settings.connect_deadline,
+        ).connect()
         try:
             await queue.consume(self.handle)
             self.ready = True
