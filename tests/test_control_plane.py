@@ -51,7 +51,7 @@ def started_by(work: Path) -> list[int]:
                 continue  # a zombie: already gone
         except OSError:
             continue
-        if "--work" not in cmdline and (str(work) in cmdline or cwd.startswith(str(work))):
+        if " --work " not in cmdline and (str(work) in cmdline or cwd.startswith(str(work))):  # not the harness
             found.append(int(proc.name))
     return found
 
