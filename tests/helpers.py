@@ -77,3 +77,26 @@ def done(worker: str, coord: tuple[int, int]) -> Done:
     return Done(
         experiment="race-1", worker=worker, coord=coord, iteration=9, score=0.1, components=[], weights=[], mixture={}
     )
+
+
+# ---- raw broker traffic, as an attacker or an older sender would publish it -----------------------
+
+
+async def publish_raw(broker: str, exchange: str, key: str, body: bytes, headers: dict | None = None) -> None:
+    """One message published as is (no signing of ours): forged, unsigned or a captured copy."""
+    import aio_pika
+
+    connection = await aio_pika.connect(broker)
+    async with connection:
+        channel = await connection.channel()
+        target = await channel.get_exchange(exchange)
+        await target.publish(aio_pika.Message(body, headers=headers), routing_key=key)
+
+
+def tiny_snapshot(experiment: str, iteration: int):
+    """A snapshot of cell 0-1 with one small tensor (its values: the iteration)."""
+    from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
+
+    meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="minimax")
+    header = SnapshotHeader(experiment=experiment, cell=(0, 1), iteration=iteration, generator=meta, discriminator=meta)
+    return Snapshot(header, {"generator.net.w": torch.zeros(4) + iteration})

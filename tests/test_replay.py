@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 import secrets
 
-import aio_pika
 import pytest
 from conftest import wait_until_async
+from helpers import publish_raw, tiny_snapshot
 
 from palomino.errors import SnapshotError
 from palomino.grid import Coord
@@ -107,14 +107,6 @@ def test_the_window_is_bits_not_a_set() -> None:
     assert stream.seen.bit_length() <= replay.WINDOW
 
 
-async def publish(broker: str, exchange: str, key: str, body: bytes, headers: dict) -> None:
-    connection = await aio_pika.connect(broker)
-    async with connection:
-        channel = await connection.channel()
-        target = await channel.get_exchange(exchange)
-        await target.publish(aio_pika.Message(body, headers=headers), routing_key=key)
-
-
 @pytest.mark.integration
 async def test_a_replayed_stop_is_refused_and_logged_and_the_cell_goes_on(broker_url: str, caplog) -> None:
     address = cell_address(f"test-{secrets.token_hex(4)}")
@@ -130,10 +122,10 @@ async def test_a_replayed_stop_is_refused_and_logged_and_the_cell_goes_on(broker
         body = encode_control(Stop(experiment="x", reason="captured"))
         headers = captured.sign(address, body)
         with caplog.at_level(logging.WARNING):
-            await publish(broker_url, CONTROL_EXCHANGE, address, body, headers)
-            await publish(broker_url, CONTROL_EXCHANGE, address, body, headers)  # the copy
+            await publish_raw(broker_url, CONTROL_EXCHANGE, address, body, headers)
+            await publish_raw(broker_url, CONTROL_EXCHANGE, address, body, headers)  # the copy
             later = encode_control(Stop(experiment="x", reason="later"))
-            await publish(broker_url, CONTROL_EXCHANGE, address, later, captured.sign(address, later))
+            await publish_raw(broker_url, CONTROL_EXCHANGE, address, later, captured.sign(address, later))
             await wait_until_async(lambda: len(got) == 2 and cell.rejected == 1)
         assert got == ["captured", "later"] and cell.rejected == 1
         assert "a replay" in caplog.text
@@ -159,8 +151,8 @@ async def test_a_replayed_checkpoint_is_refused_by_the_orchestrators_queue(broke
             checkpoint = Checkpoint(experiment="x", worker="w", coord=(0, 0), iteration=iteration, meta={})
             body = encode_control(checkpoint, b"state")
             headers = cell.sign(where, body)
-            await publish(broker_url, CONTROL_EXCHANGE, where, body, headers)
-            await publish(broker_url, CONTROL_EXCHANGE, where, body, headers)
+            await publish_raw(broker_url, CONTROL_EXCHANGE, where, body, headers)
+            await publish_raw(broker_url, CONTROL_EXCHANGE, where, body, headers)
         await wait_until_async(lambda: len(got) == 2 and orchestrator.rejected == 2)
         assert got == [10, 20] and orchestrator.rejected == 2
     finally:
@@ -169,28 +161,18 @@ async def test_a_replayed_checkpoint_is_refused_by_the_orchestrators_queue(broke
         await orchestrator.close()
 
 
-def _snapshot(experiment: str, iteration: int):
-    import torch
-
-    from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
-
-    meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="minimax")
-    header = SnapshotHeader(experiment=experiment, cell=(0, 1), iteration=iteration, generator=meta, discriminator=meta)
-    return Snapshot(header, {"generator.net.w": torch.zeros(4) + iteration})
-
-
 @pytest.mark.integration
 async def test_a_replayed_snapshot_is_refused_and_newer_ones_are_taken(broker_url: str) -> None:
     experiment = f"test-{secrets.token_hex(4)}"
     async with RabbitSnapshotBus(broker_url, experiment, key=MessageKey(SECRET)) as receiver:
         await receiver.bind([Coord(0, 1)], epoch=0)
         key, neighbour = routing_key(experiment, Coord(0, 1)), MessageKey(SECRET)
-        first = encode_snapshot(_snapshot(experiment, 1))
+        first = encode_snapshot(tiny_snapshot(experiment, 1))
         headers = {"version": 1, **neighbour.sign(key, first)}
-        await publish(broker_url, "palomino.snapshots", key, first, headers)
-        await publish(broker_url, "palomino.snapshots", key, first, headers)
-        second = encode_snapshot(_snapshot(experiment, 2))
-        await publish(broker_url, "palomino.snapshots", key, second, {"version": 1, **neighbour.sign(key, second)})
+        await publish_raw(broker_url, "palomino.snapshots", key, first, headers)
+        await publish_raw(broker_url, "palomino.snapshots", key, first, headers)
+        second = encode_snapshot(tiny_snapshot(experiment, 2))
+        await publish_raw(broker_url, "palomino.snapshots", key, second, {"version": 1, **neighbour.sign(key, second)})
         got = await receiver.wait(Coord(0, 1), 2, timeout=10)
         await wait_until_async(lambda: receiver.rejected == 1)
         assert got.iteration == 2 and receiver.rejected == 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import secrets
 
-import aio_pika
 import pytest
 from conftest import wait_until_async
+from helpers import publish_raw, tiny_snapshot
 
 from palomino.errors import SnapshotError
 from palomino.grid import Coord
@@ -34,14 +34,6 @@ def test_a_signature_binds_the_key_the_body_and_the_address() -> None:
         KEY.check("cell.w1", b"body", {})
 
 
-async def publish(broker: str, exchange_name: str, key: str, body: bytes, headers: dict | None = None) -> None:
-    connection = await aio_pika.connect(broker)
-    async with connection:
-        channel = await connection.channel()
-        exchange = await channel.get_exchange(exchange_name)
-        await exchange.publish(aio_pika.Message(body, headers=headers), routing_key=key)
-
-
 @pytest.mark.integration
 async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken(broker_url: str) -> None:
     # A holder of the broker's password could stop any cell's training with one Stop.
@@ -57,9 +49,9 @@ async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken(broker_url:
     try:
         await cell.listen(handler)
         body = encode_control(Stop(experiment="forged"))
-        await publish(broker_url, CONTROL_EXCHANGE, address, body)  # unsigned
-        await publish(broker_url, CONTROL_EXCHANGE, address, body, {HEADER: "0" * 64})  # a made-up signature
-        await publish(
+        await publish_raw(broker_url, CONTROL_EXCHANGE, address, body)  # unsigned
+        await publish_raw(broker_url, CONTROL_EXCHANGE, address, body, {HEADER: "0" * 64})  # a made-up signature
+        await publish_raw(
             broker_url, CONTROL_EXCHANGE, address, body, KEY.sign("cell.someone-else", body)
         )  # signed for another address
         await sender.send(address, Stop(experiment="real"))
@@ -68,16 +60,6 @@ async def test_a_forged_stop_is_rejected_and_the_signed_one_is_taken(broker_url:
     finally:
         await cell.close()
         await sender.close()
-
-
-def _snapshot(experiment: str, iteration: int):
-    import torch
-
-    from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader
-
-    meta = IndividualMeta(learning_rate=0.001, fitness=0.5, loss="minimax")
-    header = SnapshotHeader(experiment=experiment, cell=(0, 1), iteration=iteration, generator=meta, discriminator=meta)
-    return Snapshot(header, {"generator.net.w": torch.zeros(4) + iteration})
 
 
 @pytest.mark.integration
@@ -89,9 +71,9 @@ async def test_an_unsigned_snapshot_is_rejected_where_snapshots_are_signed(broke
     ):
         await receiver.bind([Coord(0, 1)], epoch=0)
         key = routing_key(experiment, Coord(0, 1))
-        unsigned = encode_snapshot(_snapshot(experiment, 5))  # and newer
-        await publish(broker_url, "palomino.snapshots", key, unsigned)
-        await sender.publish(_snapshot(experiment, 1))
+        unsigned = encode_snapshot(tiny_snapshot(experiment, 5))  # and newer
+        await publish_raw(broker_url, "palomino.snapshots", key, unsigned)
+        await sender.publish(tiny_snapshot(experiment, 1))
         got = await receiver.wait(Coord(0, 1), 1, timeout=10)
         await wait_until_async(lambda: receiver.rejected == 1)
         assert got.iteration == 1 and receiver.rejected == 1
@@ -110,11 +92,11 @@ async def test_the_newest_published_snapshot_counts_only_when_signed(broker_url:
             body = await newest_published(sender._channel, experiment, Coord(0, 1), key)
             return None if body is None else decode_snapshot(body).header.iteration
 
-        await sender.publish(_snapshot(experiment, 1))
+        await sender.publish(tiny_snapshot(experiment, 1))
         await wait_until_async(newest)
         assert await newest() == 1
-        forged = encode_snapshot(_snapshot(experiment, 2))
-        await publish(broker_url, "palomino.snapshots", routing_key(experiment, Coord(0, 1)), forged)
+        forged = encode_snapshot(tiny_snapshot(experiment, 2))
+        await publish_raw(broker_url, "palomino.snapshots", routing_key(experiment, Coord(0, 1)), forged)
 
         async def forged_is_newest() -> bool:  # no key: not checked
             return await newest(None) == 2
@@ -140,7 +122,7 @@ async def test_a_forged_score_result_is_rejected(broker_url: str) -> None:
     try:
         await queue.follow_results(name, keep)
         forged = ScoreResult(job="forged", experiment="x", target="best", ensemble={"weights": [1.0]})
-        await publish(broker_url, "palomino.events", result_key("x", namespace), forged.model_dump_json().encode())
+        await publish_raw(broker_url, "palomino.events", result_key("x", namespace), forged.model_dump_json().encode())
         await queue.publish_result(ScoreResult(job="real", experiment="x", target="best"))
         await wait_until_async(lambda: got and queue.rejected == 1)
         assert got == ["real"] and queue.rejected == 1
