@@ -82,7 +82,11 @@ def test_sigterm_stops_every_process_and_server_the_harness_started(tmp_path: Pa
         run.send_signal(signal.SIGTERM)
         _, stderr = run.communicate(timeout=180)
     finally:
-        if run.poll() is None:
-            run.kill()
+        if run.poll() is None:  # a failed assertion above: its own clean-up first, else nothing it started is stopped
+            run.send_signal(signal.SIGTERM)
+            try:
+                run.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                run.kill()
     assert run.returncode == 130 and "every process and server it started is stopped" in stderr
     assert started_by(tmp_path) == []
