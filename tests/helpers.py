@@ -53,14 +53,20 @@ class RecordingControl:
         self.events.append((kind, body))
 
 
-def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:
-    orchestrator = Orchestrator(ServiceSettings(), tmp_path)
+def orchestrator_without_broker(runs: Path) -> Orchestrator:
+    """An orchestrator over `runs` whose control channel is a recorder and that has no last-value queues."""
+    orchestrator = Orchestrator(ServiceSettings(), runs)
     orchestrator.control = RecordingControl()
 
     async def no_queue(experiment: Experiment, coord: Coord) -> None:
         pass
 
     orchestrator.placement.forget_published = no_queue  # no last-value queues without a broker
+    return orchestrator
+
+
+def running_2x2(tmp_path: Path) -> tuple[Orchestrator, Experiment]:
+    orchestrator = orchestrator_without_broker(tmp_path)
     config = ExperimentConfig.model_validate(
         {"name": "race", "grid": {"rows": 2, "cols": 2}, "distributed": {"min_cells": 2}, "scoring": {"final": False}}
     )

@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import orchestrator_without_broker
 
 from palomino.config.models import ExperimentConfig
 from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.runs.directory import RunDirectory
-from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator import owed_scores, results
 from palomino.services.orchestrator.experiment import Experiment, Worker
 from palomino.services.orchestrator.orchestrator import Orchestrator
@@ -27,14 +27,6 @@ TARGETS = {"best", "0-0", "0-1", "1-0", "1-1"}
 
 class Killed(BaseException):
     """The orchestrator's process dies here (a BaseException: nothing in it catches this)."""
-
-
-class Control:
-    async def send(self, address: str, message: object, payload: bytes = b"") -> None:
-        pass
-
-    async def event(self, experiment: str, kind: str, body: dict) -> None:
-        pass
 
 
 class Broker:
@@ -53,15 +45,8 @@ class Broker:
 
 
 def orchestrator(runs: Path, broker: Broker) -> Orchestrator:
-    live = Orchestrator(ServiceSettings(), runs)
-    live.control = Control()
+    live = orchestrator_without_broker(runs)
     live.shared.scoring = broker
-
-    async def no_queue(experiment: Experiment, coord: Coord | None = None) -> None:
-        pass  # the last-value queues of snapshots: none without a broker
-
-    live.placement.forget_published = no_queue
-    live.placement.forget_all_published = no_queue
     return live
 
 

@@ -45,6 +45,11 @@ def save_encoded(folder: Path, payload: bytes, description: dict[str, Any]) -> N
     atomic_write(folder / "mixture.json", json.dumps(description, indent=2).encode())
 
 
+def read_encoded(folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """mixture.safetensors' bytes and mixture.json, as `save_encoded` wrote them (torch-free)."""
+    return (folder / "mixture.safetensors").read_bytes(), json.loads((folder / "mixture.json").read_text())
+
+
 def write_result(run: RunDirectory, results: list[CellResult], ensemble: CellResult | None = None) -> CellResult:
     """Rank the cells' neighbourhood mixtures into result/cells/ and ranking.json; result/mixture.*
     and samples.png hold `ensemble` (the whole grid's, see palomino.runs.grid_ensemble) when given,

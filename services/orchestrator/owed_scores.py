@@ -10,12 +10,11 @@ strike-off queues that job twice: its second result is dropped by `results.recor
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
 from palomino.errors import PalominoError
-from palomino.runs.result import grid_components, save_encoded
+from palomino.runs.result import grid_components, read_encoded, save_encoded
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import read_collected
 from palomino.services.orchestrator.shared import Shared
@@ -45,9 +44,8 @@ def build_job(experiment: Experiment, target: str) -> tuple[ScoreJob, bytes]:
             return ensemble_job(experiment)
         except (OSError, ValueError, KeyError) as error:  # the best cell's mixture is still a result
             log.warning("experiment %s: no grid ensemble (%s); scoring the best cell's mixture", experiment.id, error)
-    folder = run.result_dir
-    description = json.loads((folder / "mixture.json").read_text())
-    return ScoreJob.of(experiment.id, config, "best", description), (folder / "mixture.safetensors").read_bytes()
+    payload, description = read_encoded(run.result_dir)
+    return ScoreJob.of(experiment.id, config, "best", description), payload
 
 
 def ensemble_job(experiment: Experiment) -> tuple[ScoreJob, bytes]:
@@ -56,10 +54,7 @@ def ensemble_job(experiment: Experiment) -> tuple[ScoreJob, bytes]:
     run, config = experiment.run, experiment.config
     grid = run.result_dir / "grid"
     if (grid / "mixture.json").is_file():
-        payload, description = (
-            (grid / "mixture.safetensors").read_bytes(),
-            json.loads((grid / "mixture.json").read_text()),
-        )
+        payload, description = read_encoded(grid)
     else:
         cells = [str(coord) for coord in sorted(experiment.done)]
         payload, description = grid_components(list(read_collected(run.path, cells).values()), experiment.id)

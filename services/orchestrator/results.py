@@ -13,7 +13,7 @@ from pathlib import Path
 
 from palomino.grid import Coord
 from palomino.runs.directory import RunDirectory, finite_json
-from palomino.runs.result import CellResult, write_ensemble, write_result
+from palomino.runs.result import CellResult, read_encoded, write_ensemble, write_result
 from palomino.services.orchestrator import owed_scores
 from palomino.services.orchestrator.experiment import Experiment
 from palomino.services.orchestrator.experiment_store import write_collected
@@ -29,8 +29,7 @@ def accept_ensemble(run: RunDirectory, result: ScoreResult) -> None:
     """result/grid/ (every cell's generator) with the weights a scorer optimised becomes result/.
     The weights are checked against the components: a forged or stale result changes nothing."""
     summary = result.ensemble or {}
-    folder = run.result_dir / "grid"
-    description = json.loads((folder / "mixture.json").read_text())
+    payload, description = read_encoded(run.result_dir / "grid")
     weights = summary["weights"]
     if (
         not isinstance(weights, list)
@@ -44,7 +43,7 @@ def accept_ensemble(run: RunDirectory, result: ScoreResult) -> None:
         )
     summary = {**summary, "weights": [w / sum(weights) for w in weights]}
     png = base64.b64decode(result.samples_png) if result.samples_png else b""
-    write_ensemble(run, (folder / "mixture.safetensors").read_bytes(), description, summary, png)
+    write_ensemble(run, payload, description, summary, png)
 
 
 def read_scores(folder: Path) -> dict:
