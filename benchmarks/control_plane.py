@@ -12,7 +12,7 @@ each of its cells publishes a snapshot of `--snapshot-bytes` to the snapshot exc
 neighbours' queues and its last-value queue take it, and it consumes its neighbours'), sends
 the iteration's metrics record (the shape a real cell sends), a checkpoint every
 `training.checkpoint_every` iterations (`--checkpoint-bytes`) and, at the end, its Done with a real
-mixture. Each simulated worker has its own connections, as a deployment's workers would; they run
+mixture. Each simulated worker has its own connection, as a deployment's workers would; they run
 `--processes` to an OS process. `--kill` of the workers (default 10 %) live in a process of their
 own that is SIGKILLed a third of the way through, with as many spares standing by.
 
@@ -122,7 +122,7 @@ class SimulatedBlock:
             self.plan.event(self.log, kind="assigned", slot=slot, coord=list(assign.coord), epoch=assign.epoch, start=start)  # fmt: skip
         settings = self.links.settings
         bus = RabbitSnapshotBus(
-            settings.broker_url, self.experiment, key=settings.signer, connect_deadline=settings.connect_deadline
+            settings.broker_url, self.experiment, key=settings.signer, connection=self.links.control.connection
         )
         await bus.connect()
         try:
@@ -411,6 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             before = sent(plan)
             window_start = time.monotonic()
             report["orchestrator_cpu_training_pct"] = measure_cpu(orchestrator.pid, args.window)
+            report["broker_connections"] = broker_connections(servers)
             after, seconds = sent(plan), time.monotonic() - window_start
             report["messages_per_s"] = round(sum(after[k][0] - before.get(k, [0, 0])[0] for k in after) / seconds, 1)
             report["bytes_per_s"] = round(sum(after[k][1] - before.get(k, [0, 0])[1] for k in after) / seconds)
@@ -474,6 +475,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"kept: {work}")
+
+
+def broker_connections(servers: Any) -> int:
+    """Connections open on the harness's own broker now (one a worker, since a worker's snapshot bus
+    and score queue share its control connection; the orchestrator's few)."""
+    listed = servers.rabbitmq.ctl("list_connections", "-q", "--no-table-headers", "pid", timeout=60)
+    return len([line for line in listed.stdout.splitlines() if line.strip()])
 
 
 def split(n: int, parts: int) -> list[int]:

@@ -31,6 +31,9 @@ def test_64_simulated_workers_lose_ten_percent_and_nothing_is_lost(tmp_path: Pat
     assert report["killed_workers"] == 6 and report["epochs_for_the_failure"] >= 1
     assert report["records"] == 64 * 40 and report["records_twice"] == 0 and report["records_missing"] == 0
     assert report["dones_taken"] == 64
+    # Issue 52: one connection a worker (its control channel; the snapshot bus and score queue open
+    # channels on it), where each block once opened its own: 64 + 6 spares, and the orchestrator's.
+    assert report["broker_connections"] <= 70 + 4, report
 
 
 def harness(tmp_path: Path, *extra: str) -> list[str]:

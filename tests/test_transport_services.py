@@ -368,3 +368,35 @@ async def test_side_channels_asked_for_many_at_once_are_a_few_open_ones(broker_u
         assert not any(c.is_closed for c in again)
     finally:
         await channel.close()
+
+
+@pytest.mark.integration
+async def test_buses_sharing_a_workers_connection_delete_their_queue_on_close(experiment: str, broker_url: str) -> None:
+    """Issue 52: one connection a worker process. A block's bus opens a channel on it; its exclusive
+    queue would outlive the block (and take its neighbours' snapshots for as long as the worker
+    lives) unless the bus deletes it."""
+    from aiormq.exceptions import ChannelNotFoundEntity
+
+    from palomino.transport.rabbitmq import connect
+    from palomino.transport.score_queue import ScoreQueue
+
+    shared = await connect(broker_url)
+    try:
+        first = await RabbitSnapshotBus(broker_url, experiment, connection=shared).connect()
+        await first.bind([Coord(0, 1)], epoch=0)
+        queue = first._queue.name
+        scoring = await ScoreQueue(broker_url, f"t{experiment[-8:]}", connection=shared).connect()
+        await scoring.close()
+        await first.close()
+        assert not shared.is_closed
+        probe = await shared.channel()
+        with pytest.raises(ChannelNotFoundEntity):
+            await probe.declare_queue(queue, passive=True)
+        async with RabbitSnapshotBus(broker_url, experiment) as sender:
+            second = await RabbitSnapshotBus(broker_url, experiment, connection=shared).connect()
+            await second.bind([Coord(0, 1)], epoch=1)
+            await sender.publish(snapshot(experiment, (0, 1), 2))
+            assert (await second.wait(Coord(0, 1), 2, timeout=10)).iteration == 2
+            await second.close()
+    finally:
+        await shared.close()

@@ -112,6 +112,14 @@ class ControlChannel:
             return self._side[turn]
 
     @property
+    def connection(self) -> AbstractRobustConnection:
+        """This channel's connection, connected: a worker process's snapshot bus and score queue open
+        channels on it rather than connections of their own (one handshake a process, not three)."""
+        if self._connection is None:
+            raise RuntimeError("the control channel is not connected")
+        return self._connection
+
+    @property
     def rejected(self) -> int:
         """Bodies dead-lettered as malformed so far."""
         return self._guard.rejected

@@ -11,11 +11,12 @@ exchange, queue, bindings and consumer; publishes are retried until then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import aio_pika
 from aio_pika.abc import (
@@ -152,6 +153,30 @@ async def connect(url: str, timeout: float = 10.0, deadline: float = CONNECT_DEA
             await asyncio.sleep(min(left, random.uniform(0, min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** (tries - 1)))))
 
 
+@contextlib.contextmanager
+def broker_errors(url: str, doing: str) -> Iterator[None]:
+    """The broker's errors while `doing` as a TransportError: the worker's failure, not the run's."""
+    try:
+        yield
+    except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:
+        raise TransportError(f"cannot {doing} on RabbitMQ at {redact(url)}: {error or type(error).__name__}") from None
+
+
+async def close_channel(channel: AbstractChannel, *queues: AbstractQueue) -> None:
+    """Delete `queues` and close `channel`, leaving the connection (shared) open; what fails because
+    the connection is already gone is gone with it."""
+    try:
+        for queue in queues:
+            await queue.delete(if_unused=False, if_empty=False)
+    except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:
+        log.debug("queue not deleted on close (%s)", error)
+    if not channel.is_closed:
+        try:
+            await channel.close()
+        except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:
+            log.debug("channel not closed cleanly (%s)", error)
+
+
 def capped(max_length: int, max_bytes: int, overflow: str = "drop-head") -> dict[str, object]:
     """Queue arguments that bound a durable queue: past the cap the oldest messages are dead-lettered
     (`drop-head`), or new ones refused to their publisher (`reject-publish`)."""
@@ -219,9 +244,11 @@ class RabbitSnapshotBus:
         publish_timeout: float = 120.0,
         key: MessageKey | None = None,
         connect_deadline: float = CONNECT_DEADLINE,
+        connection: AbstractRobustConnection | None = None,
     ) -> None:
         self.url, self.experiment, self.max_bytes, self.key = url, experiment, max_bytes, key
         self.connect_deadline = connect_deadline
+        self._shared = connection  # a worker process's one connection: this bus opens a channel on it
         self.prefetch, self.validator, self.publish_timeout = prefetch, validator, publish_timeout
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
@@ -238,7 +265,11 @@ class RabbitSnapshotBus:
         return self._guard.rejected
 
     async def connect(self) -> RabbitSnapshotBus:
-        self._connection = await connect(self.url, deadline=self.connect_deadline)
+        self._connection = self._shared or await connect(self.url, deadline=self.connect_deadline)
+        with broker_errors(self.url, "open the snapshot bus"):
+            return await self._declare()
+
+    async def _declare(self) -> RabbitSnapshotBus:
         channel = self._channel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=self.prefetch)
         self._exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
@@ -252,8 +283,14 @@ class RabbitSnapshotBus:
         return self
 
     async def close(self) -> None:
-        if self._connection is not None:
-            await self._connection.close()
+        if self._connection is None:
+            return
+        if self._shared is None:
+            await self._connection.close()  # its exclusive queue goes with it
+            return
+        # On a shared connection the exclusive queue outlives this bus: deleted, or it would go on
+        # taking (and dead-lettering) the neighbours' snapshots for as long as the worker lives.
+        await close_channel(self._channel, self._queue)
 
     async def __aenter__(self) -> RabbitSnapshotBus:
         return await self.connect()

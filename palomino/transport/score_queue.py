@@ -26,7 +26,9 @@ from palomino.transport.guard import Guard
 from palomino.transport.rabbitmq import (
     CONNECT_DEADLINE,
     InFlight,
+    broker_errors,
     capped,
+    close_channel,
     connect,
     declare_dead_letters,
     declare_durable,
@@ -85,8 +87,10 @@ class ScoreQueue:
         max_bytes: int = SCORE_JOB_MAX_BYTES,
         key: MessageKey | None = None,
         connect_deadline: float = CONNECT_DEADLINE,
+        connection: AbstractRobustConnection | None = None,
     ) -> None:
         self.connect_deadline = connect_deadline
+        self._shared = connection  # a worker process's one connection: this queue opens a channel on it
         self.url, self.publish_timeout, self.max_bytes, self.key = url, publish_timeout, max_bytes, key
         self.namespace = namespace
         self.name = score_queue_name(namespace)
@@ -105,7 +109,11 @@ class ScoreQueue:
         return self._guard.rejected
 
     async def connect(self) -> ScoreQueue:
-        self._connection = await connect(self.url, deadline=self.connect_deadline)
+        self._connection = self._shared or await connect(self.url, deadline=self.connect_deadline)
+        with broker_errors(self.url, "open the score queue"):
+            return await self._declare()
+
+    async def _declare(self) -> ScoreQueue:
         self._channel = await self._connection.channel(publisher_confirms=True)
         await self._channel.set_qos(prefetch_count=1)  # one job at a time: the others stay for other scorers
         await declare_dead_letters(self._channel)
@@ -117,8 +125,12 @@ class ScoreQueue:
         return self
 
     async def close(self) -> None:
-        if self._connection is not None:
+        if self._connection is None:
+            return
+        if self._shared is None:
             await self._connection.close()
+        else:
+            await close_channel(self._channel)
 
     async def enqueue(self, job: ScoreJob, payload: bytes) -> None:
         body = encode_job(job, payload)

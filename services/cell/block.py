@@ -158,7 +158,7 @@ class Block:
             first = next(iter(self.cells.values()))
             remote = RabbitSnapshotBus(
                 links.settings.broker_url, self.experiment, max_bytes=config.distributed.max_snapshot_bytes,
-                validator=fits(first), key=links.settings.signer, connect_deadline=links.settings.connect_deadline,
+                validator=fits(first), key=links.settings.signer, connection=links.control.connection,
             )  # fmt: skip
             await remote.connect()
             stack.push_async_callback(remote.close)
@@ -236,7 +236,7 @@ class Block:
             return None
         settings = self.links.settings
         queue = ScoreQueue(
-            settings.broker_url, settings.namespace, key=settings.signer, connect_deadline=settings.connect_deadline
+            settings.broker_url, settings.namespace, key=settings.signer, connection=self.links.control.connection
         )
         try:
             await queue.connect()
