@@ -167,7 +167,10 @@ class RabbitMQServer(_Server):
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "rabbitmq-env.conf").write_text("")
         (self.folder / "enabled_plugins").write_text("[].\n")  # no management plugin: no port 15672
-        (self.folder / "rabbitmq.conf").write_text(f"listeners.tcp.default = 127.0.0.1:{self.port}\n")
+        # The settings the deployments ship (listen backlog, handshake timeout), so that every test
+        # broker checks them and the control-plane harness measures what a deployment would run.
+        shipped = (Path(__file__).resolve().parent.parent / "charts/palomino/files/rabbitmq.conf").read_text()
+        (self.folder / "rabbitmq.conf").write_text(f"listeners.tcp.default = 127.0.0.1:{self.port}\n{shipped}")
         env = self._env() | {
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": str(self.port),

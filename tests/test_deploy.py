@@ -809,3 +809,19 @@ def test_every_dockerfile_passes_hadolint() -> None:
             [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60, check=False
         )
         assert done.returncode == 0, f"{dockerfile.relative_to(REPO)}:\n{done.stdout}{done.stderr}"
+
+
+def test_every_deployment_runs_rabbitmq_with_the_settings_for_many_workers(chart: Chart) -> None:
+    """Issue 52: a listen backlog and handshake timeout for 1,024+ workers starting at once. One
+    file says them (the test brokers run with it, so RabbitMQ itself checks its keys); the chart,
+    the compose file and the sbatch script each carry it."""
+    shipped = REPO / "charts" / "palomino" / "files" / "rabbitmq.conf"
+    settings = [line for line in shipped.read_text().splitlines() if line and not line.startswith("#")]
+    assert "tcp_listen_options.backlog = 4096" in settings and "handshake_timeout = 60000" in settings
+    config_maps = [d for d in documents(chart.render(PASSWORDS)) if d["kind"] == "ConfigMap"]
+    broker = next(d for d in config_maps if d["metadata"]["name"].endswith("-rabbitmq"))
+    assert broker["data"]["rabbitmq.conf"].strip() == shipped.read_text().strip()
+    rabbitmq = yaml.safe_load(COMPOSE.read_text())["services"]["rabbitmq"]
+    assert "./charts/palomino/files/rabbitmq.conf:/etc/rabbitmq/conf.d/30-palomino.conf:ro" in rabbitmq["volumes"]
+    sbatch = SBATCH.read_text()
+    assert all(f"\n{line}\n" in sbatch for line in settings), settings
