@@ -24,7 +24,16 @@ one). Then it lets the last experiment finish and judges:
 - each service's memory at the end against its memory once a run it took part in had finished
   and been scored (the scorer and the cells load torch and data on their first job).
 
-The kill schedule is drawn from `--seed`: the same seed kills the same services at the same times.
+`--faults kill,partition,pause` (issue 50) draws, each period, what befalls the service drawn: a
+kill as above; a partition (`--partition-seconds`, 30: the service's links to RabbitMQ and Redis —
+TCP forwarders of tests/faults.py, one pair a service — drop every byte both ways while both ends
+live; for a server, everyone's links to it); or a pause (SIGSTOP of its process tree for
+`--pause-seconds`, three heartbeat TTLs by default, then SIGCONT). A cell worker cut off or frozen
+past its TTL has its cells handed to spares and comes back a stale owner: its snapshots (older
+epoch), records, checkpoints and Done are refused, and the orchestrator tells it to stop (the
+verdict reports the orchestrator's counters).
+
+The schedule is drawn from `--seed`: the same seed strikes the same services at the same times.
 Exit 0 when the verdict holds (every experiment finished, nothing lost or twice, every checkpoint
 loads, no stall longer than twice the longest restart or two TTLs, no service past twice its memory), else 1.
 """
@@ -51,30 +60,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the throwaway servers the tests use (standard library only)
 
 from control_plane import wait  # noqa: E402 — a sibling script: benchmarks/ is on the path
+from faults import Link, pause, resume  # noqa: E402
+from faults import tree as descendants  # noqa: E402
 from servers import Servers, free_port, listening  # noqa: E402
 
 KINDS = ("cell", "orchestrator", "scorer", "dashboard", "redis", "rabbitmq")
+FAULTS = ("kill", "partition", "pause")
 
 
 # ---- processes --------------------------------------------------------------------------------
-
-
-def descendants(pid: int) -> list[int]:
-    """pid and every process below it (RabbitMQ's script starts erl, which starts its helpers)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
 
 
 def rss_mib(pid: int) -> float:
@@ -134,6 +128,10 @@ class Fleet:
         self.workers: dict[str, tuple[int, int]] = {}  # cell worker's name → (cells, generation)
         self.instances: list[Instance] = []
         self.lock = threading.Lock()
+        # With partitions among the faults: each service reaches RabbitMQ and Redis through links of
+        # its own (tests/faults.py), which the driver can cut; kept across its restarts.
+        self.links: dict[str, dict[str, Link]] = {}
+        self.partitions = "partition" in args.faults
 
     # -- starting --
 
@@ -141,9 +139,10 @@ class Fleet:
         from servers import _die_with_parent
 
         log = open(self.work / "logs" / f"{name}.log", "ab")
+        env = {**self.env, "PALOMINO_BROKER_URL": self.broker_url(name), "PALOMINO_REDIS_URL": self.redis_url(name)}
         process = subprocess.Popen(
             [sys.executable, "-m", "palomino", *args], stdout=log, stderr=subprocess.STDOUT,
-            env=self.env, preexec_fn=_die_with_parent,
+            env=env, preexec_fn=_die_with_parent,
         )  # fmt: skip
         with self.lock:
             self.processes[name] = process
@@ -160,7 +159,7 @@ class Fleet:
         elif name == "scorer":
             self.spawn(name, name, "scorer", "--name", "chaos-scorer")
         elif name == "dashboard":
-            self.spawn(name, name, "dashboard", "--orchestrator", self.url, "--broker", self.servers.broker_url,
+            self.spawn(name, name, "dashboard", "--orchestrator", self.url, "--broker", self.broker_url(name),
                        "--runs", str(self.runs), "--port", str(self.dashboard_port))  # fmt: skip
             wait(lambda: httpx.get(f"http://127.0.0.1:{self.dashboard_port}/healthz", timeout=2).status_code == 200,
                  120, "the dashboard")  # fmt: skip
@@ -179,6 +178,34 @@ class Fleet:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _links(self, name: str) -> dict[str, Link]:
+        if name not in self.links:
+            self.links[name] = {
+                "rabbitmq": Link(("127.0.0.1", self.servers.rabbitmq.port)).start(),
+                "redis": Link(("127.0.0.1", self.servers.redis.port)).start(),
+            }
+        return self.links[name]
+
+    def broker_url(self, name: str) -> str:
+        url = self.servers.broker_url
+        return self._links(name)["rabbitmq"].url(url) if self.partitions else url
+
+    def redis_url(self, name: str) -> str:
+        url = self.servers.redis_url
+        return self._links(name)["redis"].url(url) if self.partitions else url
+
+    def cut(self, name: str, heal: bool = False) -> None:
+        """Partition `name` from both servers (or, for a server, everyone from it); `heal` mends."""
+        if name in ("rabbitmq", "redis"):
+            links = [service[name] for service in self.links.values()]
+        else:
+            links = list(self._links(name).values())
+        for link in links:
+            if heal:
+                link.heal()
+            else:
+                link.cut()
 
     def start_all(self) -> None:
         for i in range(self.args.blocks):
@@ -208,6 +235,18 @@ class Fleet:
         else:
             self.processes[name].wait()
 
+    def serving(self, name: str) -> None:
+        """Wait until `name` answers again after a pause or a partition (its health; a server's port)."""
+        import httpx
+
+        if name == "orchestrator":
+            wait(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200, 120, "the orchestrator")
+        elif name == "dashboard":
+            wait(lambda: httpx.get(f"http://127.0.0.1:{self.dashboard_port}/healthz", timeout=2).status_code == 200,
+                 120, "the dashboard")  # fmt: skip
+        elif name in ("redis", "rabbitmq"):
+            wait(lambda: listening(getattr(self.servers, name).port), 120, name)
+
     def live(self) -> list[Instance]:
         with self.lock:
             current = {}
@@ -231,6 +270,9 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 process.kill()
         self.servers.stop()
+        for links in self.links.values():
+            for link in links.values():
+                link.stop()
 
 
 # ---- experiments --------------------------------------------------------------------------------
@@ -330,6 +372,7 @@ class Driver:
         self.rng = random.Random(args.seed)
         self.current: dict[str, Any] | None = None
         self.deck: list[str] = []
+        self.fault_deck: list[str] = []
 
     def run(self) -> None:
         end_kills = self.soak.started + self.args.duration
@@ -344,7 +387,7 @@ class Driver:
                 self.follow()
             self.note_scores()
             if now >= next_kill and now < end_kills:
-                self.kill_one()
+                self.fault_one()
                 next_kill += self.args.period
             time.sleep(1.0)
         self.drain(time.time() + self.args.drain)
@@ -381,13 +424,64 @@ class Driver:
                 experiment["scored"] = time.time()
                 self.monitor.mark("first_scored", trained_in(run_dir))
 
-    def kill_one(self) -> None:
+    def fault_one(self) -> None:
         if not self.deck:  # every kind once a round, in an order the seed draws
             self.deck = self.rng.sample(self.args.kinds, len(self.args.kinds))
         kind = self.deck.pop()
+        fault = "kill"
+        if len(self.args.faults) > 1:  # drawn only then: a kill-only soak keeps its schedule
+            if not self.fault_deck:
+                self.fault_deck = self.rng.sample(self.args.faults, len(self.args.faults))
+            fault = self.fault_deck.pop()
+        elif self.args.faults:
+            fault = self.args.faults[0]
         before = state_of(self.client, self.current["id"]) if self.current and "ended" not in self.current else None
         name = self.rng.choice(self.cell_victims(before)) if kind == "cell" else kind
-        entry: dict[str, Any] = {"t": round(time.time() - self.soak.started, 1), "kind": kind, "service": name}
+        entry: dict[str, Any] = {"t": round(time.time() - self.soak.started, 1), "fault": fault, "kind": kind, "service": name}  # fmt: skip
+        if fault == "kill":
+            self.kill_one(entry, before)
+        else:
+            self.cut_off(entry, before)
+        self.soak.kills.append(entry)
+
+    def cut_off(self, entry: dict[str, Any], before: dict[str, Any] | None) -> None:
+        """A pause (SIGSTOP for --pause-seconds, then SIGCONT) or a partition (its links to both
+        servers drop every byte for --partition-seconds, then carry again): the service lives on,
+        and when it comes back a cell worker finds its cells handed to spares (a stale owner)."""
+        name, fault = entry["service"], entry["fault"]
+        seconds = self.args.partition_seconds if fault == "partition" else self.args.pause_seconds or 3 * self.args.ttl
+        worker = ""
+        if entry["kind"] == "cell":
+            _cells, generation = self.fleet.workers[name]
+            worker = f"{name}-g{generation}"
+        held = self.held(before, worker) if worker else []
+        started = time.time()
+        frozen: list[int] = []
+        if fault == "pause":
+            frozen = pause(self.fleet.pid(name))
+        else:
+            self.fleet.cut(name)
+        try:
+            if held:  # its cells go to spares once its heartbeat expires, while it is away
+                entry["handed_over_s"] = self.replaced(worker, started, until=started + seconds)
+            time.sleep(max(0.0, started + seconds - time.time()))
+        finally:
+            if fault == "pause":
+                resume(frozen)
+            else:
+                self.fleet.cut(name, heal=True)
+        entry.update(seconds=seconds, worker=worker, cells_lost=len(held))
+        # Back: the fault's length plus the time it takes to serve again (a service's health).
+        try:
+            self.fleet.serving(name)
+            entry["restart_s"] = round(time.time() - started, 1)
+        except Exception as error:  # noqa: BLE001 — reported: a service that does not come back is a finding
+            entry.update(restart_s=None, error=str(error))
+        log(f"{fault} of {name} for {seconds:g} s: back in {entry['restart_s']} s"
+            + (f", {len(held)} cells handed over in {entry.get('handed_over_s')} s" if held else ""))  # fmt: skip
+
+    def kill_one(self, entry: dict[str, Any], before: dict[str, Any] | None) -> None:
+        kind, name = entry["kind"], entry["service"]
         killed = time.time()
         if kind == "cell":
             _cells, generation = self.fleet.workers[name]
@@ -407,7 +501,6 @@ class Driver:
                 entry["restart_s"] = round(time.time() - killed, 1)
             except Exception as error:  # noqa: BLE001 — reported: a service that does not come back is a finding
                 entry.update(restart_s=None, error=str(error))
-        self.soak.kills.append(entry)
         log(f"killed {name}: back in {entry['restart_s']} s" + (f", {entry['cells_lost']} cells lost" if kind == "cell" else ""))  # fmt: skip
 
     def cell_victims(self, summary: dict[str, Any] | None) -> list[str]:
@@ -424,9 +517,9 @@ class Driver:
         return [cell for cell, slot in summary["cells"].items()
                 if slot.rsplit("/", 1)[0] == worker and not (collected / cell).exists()]  # fmt: skip
 
-    def replaced(self, worker: str, killed: float) -> float | None:
+    def replaced(self, worker: str, killed: float, until: float | None = None) -> float | None:
         """Seconds from the kill until no cell of the current experiment is held by `worker`."""
-        deadline = killed + self.args.ttl + 120
+        deadline = until or killed + self.args.ttl + 120
         while time.time() < deadline:
             summary = state_of(self.client, self.current["id"]) if self.current else None
             if summary is not None:
@@ -530,6 +623,23 @@ def dead_letters(broker_url: str) -> dict[str, int]:
     return asyncio.run(count())
 
 
+def orchestrator_counters(url: str) -> dict[str, float]:
+    """The orchestrator's counters (its /metrics) since its last start: messages refused as
+    untrusted, stale owners told to stop, results scored twice..."""
+    import httpx
+
+    counters: dict[str, float] = {}
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return counters  # down at the end: the verdict says so elsewhere
+    for line in text.splitlines():
+        if line.startswith("palomino_orchestrator_total{"):
+            name = line.split('name="', 1)[1].split('"', 1)[0]
+            counters[name] = float(line.rsplit(" ", 1)[1])
+    return counters
+
+
 def waiting(servers: Servers) -> dict[str, int]:
     """Queues that still hold messages at the end (one growing without bound shows here)."""
     listed = servers.rabbitmq.ctl("-q", "list_queues", "name", "messages", check=False).stdout
@@ -572,6 +682,8 @@ def verdict(soak: Soak, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
         "longest_restart_s": longest_restart,
         "longest_stall_s": round(soak.longest_stall, 1),
         "stall_at_s": round(soak.stall_at - soak.started, 1) if soak.stall_at else None,
+        "faults": args.faults,
+        "orchestrator_counters": orchestrator_counters(fleet.url),
         "dead_letters": dead_letters(fleet.servers.broker_url),
         "queues_waiting": waiting(fleet.servers),
         "memory_mib": memory(fleet),
@@ -608,16 +720,17 @@ def verdict(soak: Soak, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
 
 def print_verdict(report: dict[str, Any]) -> None:
     print(f"\nchaos soak, seed {report['seed']}: {report['duration_s']} s, a kill every {report['period_s']} s")
-    print("\n| t (s) | killed | back in (s) | cells lost |\n| ---: | --- | ---: | ---: |")
+    print("\n| t (s) | fault | service | back in (s) | cells lost |\n| ---: | --- | --- | ---: | ---: |")
     for k in report["kills"]:
-        print(f"| {k['t']} | {k['service']} | {k.get('restart_s')} | {k.get('cells_lost', '')} |")
+        print(f"| {k['t']} | {k.get('fault', 'kill')} | {k['service']} | {k.get('restart_s')} | {k.get('cells_lost', '')} |")  # fmt: skip
     print("\n| experiment | state | grid | epochs | records | twice | missing | checkpoints (corrupt) | result | samples | scored |")  # fmt: skip
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |")
     for e in report["experiments"]:
         print(f"| {e['kind']} {e['id']} | {e['state']} | {e['grid']} | {e['epochs']} | {e['records']} | "
               f"{e['records_twice']} | {e['records_missing']} | {e['checkpoints_loaded']} ({len(e['checkpoints_corrupt'])}) | "
               f"{e['result']} | {e['samples']} | {e['scored']} |")  # fmt: skip
-    print(f"\nlongest stall {report['longest_stall_s']} s (at {report['stall_at_s']} s); longest restart {report['longest_restart_s']} s")  # fmt: skip
+    print(f"\norchestrator counters (since its last start): {report['orchestrator_counters']}")
+    print(f"longest stall {report['longest_stall_s']} s (at {report['stall_at_s']} s); longest restart {report['longest_restart_s']} s")  # fmt: skip
     print(
         f"dead-lettered: {report['dead_letters'] or 'none'}; waiting at the end: {report['queues_waiting'] or 'none'}"
     )
@@ -635,6 +748,9 @@ def main() -> None:
     parser.add_argument("--period", type=float, default=120, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=1, help="draws the kill schedule")
     parser.add_argument("--kinds", type=lambda text: text.split(","), default=list(KINDS), help=f"what may be killed, of {','.join(KINDS)}")  # fmt: skip
+    parser.add_argument("--faults", type=lambda text: text.split(","), default=["kill"], help=f"what befalls the service drawn each period, of {','.join(FAULTS)} (drawn in turn, seeded)")  # fmt: skip
+    parser.add_argument("--partition-seconds", type=float, default=30.0, help="how long a partition lasts")
+    parser.add_argument("--pause-seconds", type=float, default=0.0, help="how long a pause lasts (default: three heartbeat TTLs)")  # fmt: skip
     parser.add_argument("--blocks", type=int, default=3, help="cell workers with several cells")
     parser.add_argument("--cells-per-block", type=int, default=4)
     parser.add_argument("--singles", type=int, default=6, help="cell workers with one cell")
@@ -648,6 +764,8 @@ def main() -> None:
     args = parser.parse_args()
     if unknown := set(args.kinds) - set(KINDS):
         parser.error(f"--kinds: {', '.join(sorted(unknown))} is none of {', '.join(KINDS)}")
+    if unknown := set(args.faults) - set(FAULTS):
+        parser.error(f"--faults: {', '.join(sorted(unknown))} is none of {', '.join(FAULTS)}")
     work = Path(tempfile.mkdtemp(prefix="chaos-"))
     servers = Servers(work / "servers").start()
     fleet = Fleet(work, servers, args)

@@ -431,3 +431,33 @@ def test_a_worker_that_cannot_reach_the_broker_is_replaced_not_the_experiment_fa
     fatal = Failed(experiment=experiment.id, worker="w0", reason="w0: the data is missing")
     asyncio.run(orchestrator.on_control(fatal, b""))
     assert experiment.state == "failed" and "the data is missing" in experiment.reason
+
+
+def test_a_stale_owner_writing_for_cells_handed_over_is_told_to_stop_once(tmp_path: Path) -> None:
+    """Issue 50: w1 froze past its TTL and a spare took its cell; awake again, it sends metrics for
+    the cell. They are refused (not its cell) and it is told, once, to stop that experiment; a
+    holder's out-of-range record is refused without a Stop."""
+    from palomino.services.orchestrator.experiment import Worker
+    from palomino.wire.control_messages import Metrics, Stop
+
+    orchestrator, experiment = running_2x2(tmp_path)
+
+    async def nothing_published(experiment: Experiment, coord: Coord) -> None:
+        return None
+
+    orchestrator.placement.newest_published = nothing_published
+    orchestrator.workers["w9"] = Worker("w9")
+    orchestrator.shared.alive = {"w0", "w2", "w3", "w9"}
+    asyncio.run(orchestrator.recovery.handle_dead(experiment, {Coord(0, 1): "w1"}, "heartbeat expired"))
+    assert experiment.cells[Coord(0, 1)] == "w9"
+
+    def stops() -> list[str]:
+        return [address for address, m in orchestrator.control.sent if isinstance(m, Stop)]
+
+    for iteration in (3, 4):  # the zombie's next two iterations
+        record = {"cell": [0, 1], "iteration": iteration, "epoch": 0}
+        asyncio.run(orchestrator.on_control(Metrics(experiment=experiment.id, worker="w1", record=record), b""))
+    assert stops() == ["cell.w1"] and orchestrator.counters["stale_owners_stopped"] == 1
+    late = {"cell": [0, 0], "iteration": 10_000, "epoch": 1}
+    asyncio.run(orchestrator.on_control(Metrics(experiment=experiment.id, worker="w0", record=late), b""))
+    assert stops() == ["cell.w1"] and orchestrator.counters["untrusted_messages"] == 3

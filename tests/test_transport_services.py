@@ -400,3 +400,27 @@ async def test_buses_sharing_a_workers_connection_delete_their_queue_on_close(ex
             await second.close()
     finally:
         await shared.close()
+
+
+@pytest.mark.integration
+async def test_a_coordinates_old_owner_is_fenced_off_by_the_epoch_its_snapshots_carry(
+    experiment: str, broker_url: str
+) -> None:
+    """Issue 50: a worker frozen past its TTL wakes up and publishes for a coordinate a spare now
+    holds (at a newer epoch): its snapshots are dropped, whatever their iteration, and counted."""
+    async with (
+        RabbitSnapshotBus(broker_url, experiment) as old_owner,
+        RabbitSnapshotBus(broker_url, experiment) as spare,
+        RabbitSnapshotBus(broker_url, experiment) as neighbour,
+    ):
+        await neighbour.bind([Coord(0, 1)], epoch=0)
+        await old_owner.publish(snapshot(experiment, (0, 1), 7))
+        assert (await neighbour.wait(Coord(0, 1), 7, timeout=10)).header.epoch == 0
+        replacement = snapshot(experiment, (0, 1), 5)
+        replacement.header.epoch = 1  # restored from an older checkpoint, in the epoch of the handover
+        await spare.publish(replacement)
+        await wait_until_async(lambda: neighbour._store.newest(Coord(0, 1)).header.epoch == 1, 10)
+        await old_owner.publish(snapshot(experiment, (0, 1), 8))  # awake again, a step further
+        await wait_until_async(lambda: neighbour.stale == 1, 10)
+        newest = await neighbour.newest(Coord(0, 1))
+        assert (newest.header.epoch, newest.iteration) == (1, 5)

@@ -253,6 +253,8 @@ class RabbitSnapshotBus:
         self._store = SnapshotStore()
         self._bound: set[Coord] = set()
         self._last_value: dict[Coord, float] = {}  # coordinate → when its last-value queue was declared
+        self._epochs: dict[Coord, int] = {}  # coordinate → the newest epoch it was published at
+        self.stale = 0  # snapshots from a coordinate's old owner, dropped
         self._guard = Guard(log)
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel
@@ -372,5 +374,15 @@ class RabbitSnapshotBus:
         return snapshot
 
     async def _keep(self, snapshot: Snapshot) -> None:
-        if Coord(*snapshot.header.cell) in self._bound:  # else from a binding just removed: stale, not malformed
-            await self._store.put(snapshot)
+        coord = Coord(*snapshot.header.cell)
+        if coord not in self._bound:  # from a binding just removed: stale, not malformed
+            return
+        # Fencing: a coordinate handed to a spare is published at a newer epoch; what its old owner
+        # (frozen or cut off past its TTL, then back) still publishes at an older one is dropped.
+        if snapshot.header.epoch < self._epochs.get(coord, 0):
+            self.stale += 1
+            log.debug("snapshot of %s at epoch %d after one at %d: its old owner's, dropped",
+                      coord, snapshot.header.epoch, self._epochs[coord])  # fmt: skip
+            return
+        self._epochs[coord] = snapshot.header.epoch
+        await self._store.put(snapshot)

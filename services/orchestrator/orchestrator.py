@@ -23,6 +23,7 @@ from palomino.runs.directory import RunDirectory
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment, TooBusy, Worker
 from palomino.services.orchestrator.experiment_store import read_states
+from palomino.services.orchestrator.fencing import Fencing
 from palomino.services.orchestrator.placement import Placement
 from palomino.services.orchestrator.records import RecordWriter
 from palomino.services.orchestrator.recovery import Recovery
@@ -58,6 +59,7 @@ class Orchestrator:
         self.placement = Placement(self.shared, self.records)
         self.results = Results(self.shared, self.placement)
         self.recovery = Recovery(self.shared, self.placement, self.results)
+        self.fencing = Fencing(self.shared)
         self.supervisor = Supervisor(self.shared, self.placement, self.recovery, self.results.owed)
         self._stack = AsyncExitStack()  # what start() opened, closed in reverse by close()
 
@@ -215,6 +217,7 @@ class Orchestrator:
         if why:
             self.shared.counters["untrusted_messages"] += 1
             log.debug("experiment %s: dropped %s", experiment.id, why)
+            await self.fencing.refused(experiment, message)
             return
         if isinstance(message, Checkpoint):  # kept even after a stop or failure: that is when they matter
             keep = experiment.config.training.checkpoint_keep

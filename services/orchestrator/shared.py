@@ -30,6 +30,7 @@ def new_counters() -> dict[str, int]:
         "metrics_records": 0,
         "failures_handled": 0,
         "untrusted_messages": 0,
+        "stale_owners_stopped": 0,  # workers told to stop writing for cells handed over (fencing.py)
         "scores_twice": 0,
     }
 

@@ -1,0 +1,133 @@
+"""Faults beyond kills (issue 50), on processes and links a test or benchmark started itself:
+
+- `Link`: a TCP forwarder in front of a server (RabbitMQ, Redis), one a client process, whose
+  traffic can be partitioned — `cut()` drops every byte both ways while the sockets stay open (a
+  switch or a firewall losing packets: neither side learns of it until its own timeouts fire) and
+  refuses new connections; `heal()` lets traffic through again (what was dropped stays dropped).
+- `pause(pid)` / `resume(pid)`: SIGSTOP / SIGCONT of a process and its descendants (a kernel that
+  froze it, a GC, a VM migration): it wakes up believing no time has passed.
+
+Standard library only, like servers.py, so that benchmarks/chaos.py can use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+from pathlib import Path
+
+
+class Link:
+    """127.0.0.1:<port> → `target`, in a thread of its own; `cut()` partitions, `heal()` mends."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self.partitioned = False
+        self.connections = 0  # accepted while healed, in all
+        self.refused = 0  # arrived while cut
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._run, name=f"link-{target[1]}", daemon=True)
+
+    def start(self) -> Link:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def url(self, url: str) -> str:
+        """`url` (amqp://… or redis://…) pointed at this link instead of the server."""
+        scheme, rest = url.split("://", 1)
+        credentials, _, location = rest.rpartition("@")
+        path = location.split("/", 1)[1] if "/" in location else ""
+        return f"{scheme}://{credentials + '@' if credentials else ''}127.0.0.1:{self.port}/{path}"
+
+    def cut(self) -> None:
+        self.partitioned = True
+
+    def heal(self) -> None:
+        self.partitioned = False
+
+    def stop(self) -> None:
+        def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+            self._loop.call_later(0.1, self._loop.stop)
+
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(close)
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def listen() -> None:
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+            self.port = self._server.sockets[0].getsockname()[1]
+            self._ready.set()
+
+        self._loop.run_until_complete(listen())
+        self._loop.run_forever()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.partitioned:  # no route: the connect is answered by nothing but a close
+            self.refused += 1
+            writer.close()
+            return
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:  # the server is down (killed by the same soak): as it would be without us
+            writer.close()
+            return
+        self.connections += 1
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while data := await source.read(65536):
+                if self.partitioned:
+                    continue  # lost on the way
+                sink.write(data)
+                await sink.drain()
+        with contextlib.suppress(Exception):
+            sink.close()
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop(0)
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def pause(pid: int) -> list[int]:
+    """Freeze `pid` and its descendants; returns them, for `resume`."""
+    frozen = tree(pid)
+    for each in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGSTOP)
+    return frozen
+
+
+def resume(frozen: list[int]) -> None:
+    for each in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGCONT)
