@@ -603,7 +603,7 @@ def dead_letters(broker_url: str) -> dict[str, int]:
 
     import aio_pika
 
-    from palomino.transport.rabbitmq import DEAD_QUEUE
+    from palomino.transport.broker import DEAD_QUEUE
 
     async def count() -> dict[str, int]:
         counts: dict[str, int] = {}

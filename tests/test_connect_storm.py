@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from palomino.errors import TransportError
-from palomino.transport.rabbitmq import connect
+from palomino.transport.broker import connect
 
 
 class DroppingProxy:

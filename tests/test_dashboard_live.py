@@ -24,7 +24,8 @@ from palomino.grid import Topology
 from palomino.runs.directory import RunDirectory
 from palomino.services.dashboard import build_app, dashboard_settings
 from palomino.services.dashboard.server import ServerThread, listen
-from palomino.transport.control_channel import EVENTS_EXCHANGE, ControlChannel
+from palomino.transport.broker import EVENTS_EXCHANGE
+from palomino.transport.control_channel import ControlChannel
 
 
 def new_run(runs: Path, name: str = "live") -> RunDirectory:

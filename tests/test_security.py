@@ -200,7 +200,8 @@ def test_up_with_a_token_keeps_strangers_out_and_finishes_under_nested_json_on_e
 
     from palomino.grid import Coord
     from palomino.services.local import free_port, stop_processes
-    from palomino.transport.control_channel import CONTROL_EXCHANGE, EVENTS_EXCHANGE, cell_address, orchestrator_address
+    from palomino.transport.broker import EVENTS_EXCHANGE
+    from palomino.transport.control_channel import CONTROL_EXCHANGE, cell_address, orchestrator_address
     from palomino.transport.rabbitmq import routing_key
     from palomino.transport.score_queue import score_queue_name
     from palomino.transport.signing import MessageKey

@@ -280,8 +280,8 @@ async def test_a_queue_an_older_palomino_declared_without_caps_is_still_used(
 ) -> None:
     import aio_pika
 
+    from palomino.transport.broker import DEAD_EXCHANGE
     from palomino.transport.control_channel import ControlChannel, orchestrator_address
-    from palomino.transport.rabbitmq import DEAD_EXCHANGE
     from palomino.wire.control_messages import Register
 
     address = orchestrator_address(f"test-{secrets.token_hex(4)}")
@@ -377,7 +377,7 @@ async def test_buses_sharing_a_workers_connection_delete_their_queue_on_close(ex
     lives) unless the bus deletes it."""
     from aiormq.exceptions import ChannelNotFoundEntity
 
-    from palomino.transport.rabbitmq import connect
+    from palomino.transport.broker import connect
     from palomino.transport.score_queue import ScoreQueue
 
     shared = await connect(broker_url)

@@ -25,10 +25,11 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from palomino.transport.guard import Guard
-from palomino.transport.rabbitmq import (
-    CONNECT_DEADLINE,
+from palomino.endpoints import CONNECT_DEADLINE
+from palomino.transport.broker import (
     DEAD_EXCHANGE,
+    EVENTS_EXCHANGE,
+    NAMESPACED_EXPIRY_MS,
     InFlight,
     capped,
     connect,
@@ -36,15 +37,14 @@ from palomino.transport.rabbitmq import (
     declare_durable,
     publish_with_retry,
 )
+from palomino.transport.guard import Guard
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.wire.control_messages import CONTROL_MAX_BYTES, ControlMessage, decode_control, encode_control
 
 log = logging.getLogger(__name__)
 
 CONTROL_EXCHANGE = "palomino.control"
-EVENTS_EXCHANGE = "palomino.events"
 ORCHESTRATOR = "orchestrator"
-NAMESPACED_EXPIRY_MS = 24 * 3600 * 1000  # a namespace's durable queues go a day after their last user
 # What may wait for a stopped orchestrator: past it the oldest messages are dead-lettered.
 ORCHESTRATOR_QUEUE_CAP = (100_000, 2 * 1024**3)
 CHECKPOINTS = "checkpoints"

@@ -21,10 +21,10 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from palomino.transport.control_channel import EVENTS_EXCHANGE, NAMESPACED_EXPIRY_MS
-from palomino.transport.guard import Guard
-from palomino.transport.rabbitmq import (
-    CONNECT_DEADLINE,
+from palomino.endpoints import CONNECT_DEADLINE
+from palomino.transport.broker import (
+    EVENTS_EXCHANGE,
+    NAMESPACED_EXPIRY_MS,
     InFlight,
     broker_errors,
     capped,
@@ -34,6 +34,7 @@ from palomino.transport.rabbitmq import (
     declare_durable,
     publish_with_retry,
 )
+from palomino.transport.guard import Guard
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
 from palomino.wire.score_messages import (
     SCORE_JOB_MAX_BYTES,

@@ -19,9 +19,9 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from palomino.services.common.runfiles import RunsFolder
 from palomino.services.dashboard.events import EventHub, MalformedEvent, one_a_record, parse_event, valid_record
-from palomino.transport.control_channel import EVENTS_EXCHANGE
+from palomino.transport.broker import DEAD_EXCHANGE, EVENTS_EXCHANGE, connect, declare_dead_letters
 from palomino.transport.guard import Guard
-from palomino.transport.rabbitmq import DEAD_EXCHANGE, connect, declare_dead_letters, redact
+from palomino.transport.urls import redact
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ def url_of(sock: socket.socket) -> str:
 async def _preflight(settings: DashboardSettings) -> None:
     """Fail fast, naming the URL, when the broker cannot be reached (history sources may come later)."""
     if settings.broker_url:
-        from palomino.transport.rabbitmq import connect
+        from palomino.transport.broker import connect
 
         connection = await connect(settings.broker_url)
         await connection.close()

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 async def preflight(settings: ServiceSettings) -> None:
     """Fail fast, with the URL named, when the broker or Redis cannot be reached."""
-    from palomino.transport.rabbitmq import connect
+    from palomino.transport.broker import connect
 
     connection = await connect(settings.broker_url, deadline=settings.connect_deadline)
     await connection.close()
