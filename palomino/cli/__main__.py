@@ -1,0 +1,3 @@
+from palomino.cli import run
+
+run()
