@@ -103,12 +103,9 @@ class SimulatedBlock:
     async def report_failure(
         self, slot: str, reason: str, restore_failed: bool = False, transient: bool = False
     ) -> None:
-        from palomino.wire.control_messages import Failed
-
-        failed = Failed(
+        await self.links.outbox.failed(
             experiment=self.experiment, worker=slot, reason=reason, restore_failed=restore_failed, transient=transient
         )
-        await self.links.control.send(self.links.orchestrator, failed)
 
     async def run(self) -> None:
         from palomino.transport.rabbitmq import RabbitSnapshotBus
@@ -122,7 +119,7 @@ class SimulatedBlock:
             self.plan.event(self.log, kind="assigned", slot=slot, coord=list(assign.coord), epoch=assign.epoch, start=start)  # fmt: skip
         settings = self.links.settings
         bus = RabbitSnapshotBus(
-            settings.broker_url, self.experiment, key=settings.signer, connection=self.links.control.connection
+            settings.broker_url, self.experiment, key=settings.signer, connection=self.links.outbox.connection
         )
         await bus.connect()
         try:
@@ -194,11 +191,12 @@ class SimulatedBlock:
             await self._send(message, payload)
 
     async def _send(self, message: Any, payload: bytes = b"") -> None:
-        from palomino.transport.control_channel import checkpoints_address
         from palomino.wire.control_messages import encode_control
 
-        to = self.links.orchestrator
-        await self.links.control.send(checkpoints_address(to) if message.kind == "checkpoint" else to, message, payload)
+        if message.kind == "checkpoint":
+            await self.links.outbox.checkpoint(message, payload)
+        else:
+            await self.links.outbox.send(message, payload)
         self.plan.count(message.kind, len(encode_control(message, payload)))
 
     async def _done(self, slot: str, cell: SimulatedCell) -> None:
@@ -210,7 +208,7 @@ class SimulatedBlock:
             experiment=self.experiment, worker=slot, coord=cell.coord, iteration=cell.iteration,
             score=self.plan.done["score"], components=[name], weights=[1.0], mixture=description,
         )  # fmt: skip
-        await self.links.report_done(done, self.plan.mixture)
+        await self.links.outbox.done(done, self.plan.mixture)
         self.plan.count("done", len(self.plan.mixture))
         self.plan.event(self.log, kind="done", slot=slot, coord=list(cell.coord))
 

@@ -1,7 +1,7 @@
 """How spares become known: idle slots register at a falling rate, and an orchestrator that sees
 a live slot it does not know (it restarted, a Register was lost) asks it to register (Hello).
 
-The control channel is a recorder on both sides; tests/test_chaos.py restarts a real orchestrator
+The control channel (under the worker's outbox) is a recorder on both sides; tests/test_chaos.py restarts a real orchestrator
 among real workers."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from helpers import running_2x2
 
 from palomino.services.cell import worker as worker_module
+from palomino.services.cell.outbox import Outbox
 from palomino.services.cell.worker import CellWorker
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.wire.control_messages import Hello, Register
@@ -34,7 +35,7 @@ async def test_idle_slots_announce_themselves_ever_more_rarely_and_at_once_when_
     monkeypatch.setattr(worker_module, "REGISTER_PERIOD_MAX", 1.6)
     monkeypatch.setattr(worker_module, "HELLO_GAP", 0.05)
     worker = CellWorker(ServiceSettings(), "w", cells=2)
-    worker.control = control = Recorder()
+    worker.outbox = Outbox(control := Recorder(), worker.orchestrator)  # type: ignore[arg-type]
     task = asyncio.create_task(worker._registrations())
     try:
         await asyncio.sleep(1.6)  # sent at 0, 0.2, 0.6, 1.4: at a fixed 0.2 s, eight

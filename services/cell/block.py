@@ -14,7 +14,7 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +25,13 @@ from palomino.errors import PalominoError
 from palomino.grid import Coord, Topology
 from palomino.grid.partition import ClassGrid, class_grid_at
 from palomino.services.cell.control_recorder import ControlRecorder
+from palomino.services.cell.outbox import Outbox
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.transport.block_bus import BlockBus
-from palomino.transport.control_channel import ControlChannel
 from palomino.transport.rabbitmq import RabbitSnapshotBus
 from palomino.transport.score_queue import ScoreQueue
 from palomino.wire import Snapshot
-from palomino.wire.control_messages import Assign, Done, Failed, Resize
+from palomino.wire.control_messages import Assign, Done, Resize
 from palomino.wire.score_messages import ScoreJob
 
 log = logging.getLogger(__name__)
@@ -68,12 +68,10 @@ class Links:
 
     settings: ServiceSettings
     device: str
-    control: ControlChannel
-    orchestrator: str  # the orchestrator's address
+    outbox: Outbox  # every message to the orchestrator
     liveness: Any
     take_resize: Callable[[str], Resize | None]  # a slot's newest Resize not yet applied, if any
     set_ttl: Callable[[str, float], None]  # a slot's heartbeat time-to-live
-    report_done: Callable[[Done, bytes], Awaitable[None]]  # sent, and re-sent until acknowledged
 
 
 class SlotsLiveness:
@@ -158,14 +156,14 @@ class Block:
             first = next(iter(self.cells.values()))
             remote = RabbitSnapshotBus(
                 links.settings.broker_url, self.experiment, max_bytes=config.distributed.max_snapshot_bytes,
-                validator=fits(first), key=links.settings.signer, connection=links.control.connection,
+                validator=fits(first), key=links.settings.signer, connection=links.outbox.connection,
             )  # fmt: skip
             await remote.connect()
             stack.push_async_callback(remote.close)
             bus = BlockBus(remote)
             await self._bind(bus)
             scoring = await self._scoring(stack, config)
-            recorder = ControlRecorder(links.control, links.orchestrator, self.experiment, self.slot_of, dataset.kind, dataset.modes)  # fmt: skip
+            recorder = ControlRecorder(links.outbox, self.experiment, self.slot_of, dataset.kind, dataset.modes)
             origin = next((c for c in self.cells.values() if c.coord == Coord(0, 0) and c.iteration == 0), None)
             if origin is not None:  # one picture of the real data per run
                 await recorder.real_samples(origin.coord, dataset, config.seed)
@@ -236,7 +234,7 @@ class Block:
             return None
         settings = self.links.settings
         queue = ScoreQueue(
-            settings.broker_url, settings.namespace, key=settings.signer, connection=self.links.control.connection
+            settings.broker_url, settings.namespace, key=settings.signer, connection=self.links.outbox.connection
         )
         try:
             await queue.connect()
@@ -304,23 +302,19 @@ class Block:
             score=result.score, components=result.components, weights=result.weights, mixture=result.description,
             samples_png=base64.b64encode(result.samples_png).decode(),
         )  # fmt: skip
-        await self.links.report_done(done, result.payload)
+        await self.links.outbox.done(done, result.payload)
         log.info("cell %s of %s done (score %.4g)", cell.coord, self.experiment, result.score)
 
     async def report_failure(
         self, slot: str, reason: str, restore_failed: bool = False, transient: bool = False
     ) -> None:
-        try:
-            failed = Failed(
-                experiment=self.experiment,
-                worker=slot,
-                reason=f"{slot}: {reason}",
-                restore_failed=restore_failed,
-                transient=transient,
-            )
-            await self.links.control.send(self.links.orchestrator, failed)
-        except PalominoError as error:
-            log.warning("could not report the failure: %s", error)
+        await self.links.outbox.failed(
+            experiment=self.experiment,
+            worker=slot,
+            reason=f"{slot}: {reason}",
+            restore_failed=restore_failed,
+            transient=transient,
+        )
 
     def _coords(self) -> list[tuple[int, int]]:
         return [tuple(assign.coord) for assign, _ in self.assigns.values()]

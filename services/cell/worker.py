@@ -22,11 +22,11 @@ from typing import Any
 from palomino.errors import PalominoError, TransportError
 from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.cell.block import Block, Links
-from palomino.services.cell.done_delivery import DoneDelivery
+from palomino.services.cell.outbox import Outbox
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.transport.control_channel import ControlChannel, cell_address, orchestrator_address
 from palomino.transport.redis_liveness import RedisLiveness, liveness_key
-from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, Done, DoneAck, Hello, Register, Resize, Stop
+from palomino.wire.control_messages import MAX_CELLS_PER_WORKER, Assign, DoneAck, Hello, Register, Resize, Stop
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,8 @@ class CellWorker:
         self._arrived = asyncio.Event()
         self._wake = asyncio.Event()
         self._hello = asyncio.Event()  # the orchestrator asked for a Register
-        self.control: ControlChannel | None = None  # connected by run()
+        self.outbox: Outbox | None = None  # every message to the orchestrator; made by run() once connected
         self.liveness: RedisLiveness | None = None
-        self.dones = DoneDelivery(self._send_done)
 
     def request_shutdown(self) -> None:
         """SIGTERM / Ctrl-C: finish the iteration, checkpoint, leave."""
@@ -90,12 +89,12 @@ class CellWorker:
                 also=others,
                 connect_deadline=settings.connect_deadline,
             )
-            self.control = await channel.connect()
+            self.outbox = outbox = Outbox(await channel.connect(), self.orchestrator)
             stack.push_async_callback(channel.close)
             self.liveness = RedisLiveness(settings.redis_url, liveness_key(settings.namespace))
             stack.push_async_callback(self.liveness.close)
-            await self.control.listen(self._on_control)
-            for loop in (self._heartbeats(), self._registrations(), self.dones.run()):
+            await channel.listen(self._on_control)
+            for loop in (self._heartbeats(), self._registrations(), outbox.dones.run()):
                 stack.callback(asyncio.create_task(loop).cancel)
             self.ready = True
             log.info("cell worker %s ready, %d cell(s) (broker %s)", self.worker, len(self.slots), settings.broker_url.split("@")[-1])  # fmt: skip
@@ -108,9 +107,9 @@ class CellWorker:
                 await unless_set(self._wake.wait(), self.shutdown)
             if self._blocks:  # each finishes its iteration and checkpoints
                 await asyncio.gather(*self._blocks, return_exceptions=True)
-            if not await self.dones.settle(DONE_SETTLE):
+            if not await outbox.dones.settle(DONE_SETTLE):
                 log.warning("leaving with %d done(s) not acknowledged: the orchestrator replaces those cells",
-                            len(self.dones.pending))  # fmt: skip
+                            len(outbox.dones.pending))  # fmt: skip
 
     async def _settle(self) -> None:
         """Let the rest of a layout's Assigns arrive, so that they train as one block."""
@@ -156,13 +155,8 @@ class CellWorker:
             self._ttl[slot] = ttl
 
         return Links(
-            self.settings, self.device, self.control, self.orchestrator, self.liveness, take_resize, set_ttl,
-            self.dones.send,
+            self.settings, self.device, self.outbox, self.liveness, take_resize, set_ttl,
         )  # fmt: skip
-
-    async def _send_done(self, done: Done, payload: bytes) -> None:
-        assert self.control is not None
-        await self.control.send(self.orchestrator, done, payload)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -187,7 +181,7 @@ class CellWorker:
                     worker=idle[0], slots=idle[1:], host=host, pid=pid, device=self.device, block=self.worker
                 )
                 try:
-                    await self.control.send(self.orchestrator, register)
+                    await self.outbox.send(register)
                 except PalominoError as error:
                     log.warning("registration failed: %s", error)
             await asyncio.sleep(HELLO_GAP)  # a process's slots asked together: one answer
@@ -207,7 +201,7 @@ class CellWorker:
             if block is not None and block.experiment == message.experiment:
                 self._resizes[message.worker] = message
         elif isinstance(message, DoneAck):
-            self.dones.acknowledged(message)
+            self.outbox.acknowledged(message)
         elif isinstance(message, Hello) and message.worker in self._ttl:
             self._hello.set()
         elif isinstance(message, Stop):
