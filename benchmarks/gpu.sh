@@ -71,10 +71,11 @@ if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iter
   # the table after. ARMS="full no-selection" adds the NeurIPS 2018 configs' arm to each size's run.
   if [ -n "${QUICK:-}" ]; then sizes=${SIZES:-3 2} quick=--quick; else sizes=${SIZES:-12} quick=; fi
   mkdir -p "$out/lipizzaner"
-  if [ -f .data/lipizzaner/classifier-mnist.json ]; then
-    cp .data/lipizzaner/classifier-mnist.safetensors .data/lipizzaner/classifier-mnist.json "$out/lipizzaner/"
+  referee=${REFEREE:-.data/lipizzaner}  # where `prepare` left the referee's classifier
+  if [ -f "$referee/classifier-mnist.json" ]; then
+    cp "$referee/classifier-mnist.safetensors" "$referee/classifier-mnist.json" "$out/lipizzaner/"
   else  # once, before the runs side by side would each train it into the same files
-    echo "no referee in .data/lipizzaner (bash benchmarks/gpu.sh prepare makes it): trained here, on the CPU" >&2
+    echo "no referee in $referee (bash benchmarks/gpu.sh prepare makes it): trained here, on the CPU" >&2
     python3 benchmarks/lipizzaner.py --referee-only --out "$out/lipizzaner"
   fi
   pids=()

@@ -90,6 +90,16 @@ def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture(scope="session")
+def referee_classifier(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seeds' table's referee classifier (benchmarks/lipizzaner.py --referee-only: ~2 min on 2
+    cores), trained once a session into this folder; the tests of that table copy it into their
+    --out, where the benchmark finds and reuses it, as a GPU host does the one `gpu.sh prepare` made."""
+    folder = tmp_path_factory.mktemp("referee")
+    assert benchmark_module("lipizzaner").main(["--referee-only", "--out", str(folder)]) == 0
+    return folder
+
+
 def benchmark_module(name: str) -> ModuleType:
     """benchmarks/<name>.py as a module (the scripts are no package), loaded once a session."""
     key = f"{name}_benchmark"

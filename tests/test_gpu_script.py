@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_gpu_script(out: Path, *args: str, timeout: float = 540) -> subprocess.CompletedProcess[str]:
+def run_gpu_script(out: Path, *args: str, timeout: float = 540, **env: str) -> subprocess.CompletedProcess[str]:
     """`bash benchmarks/gpu.sh ARGS` in its quick CPU form, its tables in `out`. Past `timeout` the
     script and every process it started are stopped (its runs go on in the background otherwise)."""
     env = {
@@ -24,6 +24,7 @@ def run_gpu_script(out: Path, *args: str, timeout: float = 540) -> subprocess.Co
         "OUT": str(out),
         # The script calls python3, as a GPU host's is: here, this environment's.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **env,
     }
     command = ["bash", "benchmarks/gpu.sh", *args]
     script = subprocess.Popen(
@@ -66,14 +67,16 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # ~5 min alone: the referee's classifier, then two grids side by side
-def test_the_gpu_scripts_lipizzaner_row_runs_on_a_cpu(tmp_path: Path, mnist_dir: Path) -> None:
-    """The 12×12 and 6×6 rows of the seeds' table (issue 47) in their quick form: a 3×3 and a 2×2 grid
-    side by side, both scorers, and the table joined after."""
-    done = run_gpu_script(tmp_path, "lipizzaner", timeout=1400)
+@pytest.mark.timeout(1500)
+def test_the_gpu_scripts_lipizzaner_row_runs_on_a_cpu(tmp_path: Path, referee_classifier: Path) -> None:
+    """The 12×12 and 6×6 rows of the seeds' table (issue 47) in their quick form: two sizes side by
+    side (2×2 and 1×1 here; 3×3 and 2×2 by default), both scorers, the referee taken from where
+    `gpu.sh prepare` leaves it (REFEREE), and the table joined after."""
+    done = run_gpu_script(tmp_path, "lipizzaner", timeout=1400, SIZES="2 1", REFEREE=str(referee_classifier))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no referee in" not in done.stderr  # the prepared one was used, not trained again
     rows = [json.loads(p.read_text()) for p in sorted((tmp_path / "lipizzaner" / "rows").glob("*.json"))]
-    assert [(row["arm"], row["size"]) for row in rows] == [("full", "2x2"), ("full", "3x3")]
+    assert [(row["arm"], row["size"]) for row in rows] == [("full", "1x1"), ("full", "2x2")]
     for row in rows:
         assert "--device cpu" not in row["command"]
         assert row["lipizzaner"]["fid"] > 0 and row["held_out"]["fid"] > 0

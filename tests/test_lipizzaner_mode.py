@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -330,9 +331,11 @@ def test_lipizzaners_fid_protocol_puts_real_digits_near_each_other_and_noise_far
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # ~6 min alone (its referee's classifier, six arms, a rescore); twice that beside a run
-def test_the_lipizzaner_benchmark_runs_every_arm_in_its_quick_form(mnist_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(1500)  # ~3 min alone (six arms, a rescore; the referee's classifier comes trained)
+def test_the_lipizzaner_benchmark_runs_every_arm_in_its_quick_form(referee_classifier: Path, tmp_path: Path) -> None:
     bench = benchmark_module("lipizzaner")
+    for made in referee_classifier.glob("classifier-*"):  # found in --out and reused, not trained again
+        shutil.copy(made, tmp_path)
     assert bench.main(["--quick", "--sizes", "2", "--out", str(tmp_path)]) == 0
     table = json.loads((tmp_path / "table.json").read_text())
     assert [line["arm"] for line in table["lines"]] == list(bench.ARMS)
