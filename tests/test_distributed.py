@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from conftest import wait_until
@@ -302,6 +303,36 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
         f"[fault] replace: killed {victim} at {victim_cell} after {summary['records']} records; a spare took over in "
         f"{detected:.1f} s (TTL 3 s), restored from the snapshot of iteration {restarted.group(1)}; epochs {[t['epoch'] for t in topology]}"
     )
+
+
+def test_a_frozen_cell_woken_after_its_handover_is_fenced_off_and_told_to_stop(stack: Stack) -> None:
+    """Issue 50, the zombie writer: a cell worker frozen (SIGSTOP) past its TTL loses its cell to a
+    spare and, thawed, goes on with the iteration it was in, believing it still owns the cell. What
+    it sends is refused (the run's records stay each once: the spare restarts from an earlier
+    iteration, so an accepted zombie record would be a duplicate), the orchestrator tells it to stop,
+    and the run finishes."""
+    from faults import pause, resume
+
+    stack.start(cells=5)
+    experiment = stack.client.submit(config(stack.tmp_path, checkpoint_every=40, on_failure="replace"))["id"]
+    summary = wait_for_records(stack, experiment, 6)
+    victim_cell, victim = sorted(summary["cells"].items())[1]
+    wait_for_cell_record(Path(summary["run_dir"]), victim_cell)
+    name = "cell-" + victim.rsplit("-", 1)[1]
+    process = stack.processes[name]
+    frozen = pause(process.pid)
+    try:
+        wait_until(lambda: victim not in stack.client.experiment(experiment)["cells"].values(), timeout=30)
+        time.sleep(1.0)  # the spare at work
+    finally:
+        resume(frozen)
+    wait_until(lambda: "stop: its cells were handed to spares" in stack.log(name), timeout=60)
+    final = stack.client.wait(experiment, timeout=240)
+    assert final["state"] == "finished", final
+    check_finished_run(Path(final["run_dir"]), cells=4, iterations=ITERATIONS)
+    counters = httpx.get(f"http://127.0.0.1:{stack.port}/metrics", timeout=10).text
+    assert 'palomino_orchestrator_total{name="stale_owners_stopped"} 1.0' in counters, counters
+    assert process.poll() is None  # it lives on, a spare again
 
 
 def waiting_for_the_orchestrator(stack: Stack, servers: Servers) -> int:
