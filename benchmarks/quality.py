@@ -1,5 +1,9 @@
 """The referee: Palomino's grid vs one plain GAN vs N independent GANs, at equal total compute.
 
+This file is the command that joins its parts: its cases (referee_cases.py), how it scores
+(referee_scoring.py), what it trains beside the grid (referee_methods.py) and its table
+(referee_table.py).
+
 For a grid of N cells × S optimiser steps each (generator + discriminator steps, counted by the
 trainer in metrics.jsonl), on the same data and seeds:
 - grid       Palomino's result, the mixture `palomino sample` draws from (result/);
@@ -52,244 +56,49 @@ scored on the CPU.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from palomino.baselines import Budget, train_independent
-from palomino.coevolution.ensemble_search import FINE_BANDWIDTH_FACTORS, FrechetScore
-from palomino.coevolution.mixture_weights import MixtureScore
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its parts, beside it
+
+import referee_scoring
+from referee_cases import BASELINES, CASES, MNIST, MNIST_DIR, ROOT, THREADS, VALIDATION, Case, Result
+from referee_methods import (
+    ABLATIONS,
+    Baseline,
+    _cells,
+    communicates,
+    grid_steps,
+    mutates,
+    own_generator,
+    plain_setting,
+    regions_baseline,
+    run_grid,
+    searched_weights,
+    selects,
+    train_baselines,
+    without_mutation,
+    without_neighbours,
+    without_selection,
+)
+from referee_scoring import IMAGE_SAMPLES, SAMPLES, Referee, draw, selection_score, split_data
+from referee_table import format_table, plot, report, shown, summarise, write_table
+
+from palomino.baselines import Budget
 from palomino.config import ExperimentConfig
 from palomino.config.loading import load_config
-from palomino.data import Dataset, data_dir, load_dataset
-from palomino.runs.directory import RunDirectory, read_jsonl
-from palomino.runs.embedded import train_embedded
-from palomino.runs.filter_rule import FilterRule
 from palomino.runs.images import picture_samples, progress_png
 from palomino.runs.mixture import Mixture
 from palomino.scoring import mode_coverage
-from palomino.scoring.extractors import ensemble_features
-from palomino.scoring.memorization import MEMORIZING_BELOW, MemorizationScale
-
-ROOT = Path(__file__).resolve().parent.parent
-MNIST_DIR = data_dir("mnist")  # $PALOMINO_DATA_DIR/mnist, else the user cache's
-SAMPLES = 2500  # toys: points scored per generator (the literature's protocol)
-IMAGE_SAMPLES = 2000  # images: samples per FID, as many as the held-out real images
-BASELINES = ("plain", "indep", "regions")  # --baselines: the rows beside the grid's
-THREADS = 2  # torch threads of the grid's runs (the 2-core reference machine's cores)
-VALIDATION = 1000  # images set aside from the training split when --rates sweeps learning rates
-
-
-@dataclass(frozen=True)
-class Case:
-    example: str  # examples/<example>.yaml
-    overrides: tuple[str, ...] = ()
-    quick: tuple[str, ...] = ()  # extra overrides under --quick
-
-
-# Images: examples/mnist-regions-3x3.yaml at its own per-cell budget for every grid size (100
-# iterations × 50 batches of 100), so a bigger grid spends more in all and its baselines get as
-# much. At 30 × 50 every cell's generator was still drawing blurred strokes and the grid lost to
-# one plain GAN on MNIST (docs/quality.md). --quick cuts it to 4 × 20.
-IMAGE_BUDGET = (
-    "training.iterations=100",
-    "training.batches_per_iteration=50",
-    "training.sample_every=0",
-    "training.checkpoint_every=0",
-)
-IMAGE_QUICK = ("training.iterations=4", "training.batches_per_iteration=20")
-MNIST = (f"data.dir={MNIST_DIR}", "data.split=test")  # the offline copy: 8,000 images to train on, 2,000 held out
-FASHION = ("data.name=fashion_mnist", "data.split=train")  # scored against its test split
-CASES: dict[str, Case] = {
-    "ring-3x3": Case("ring-3x3", quick=("training.iterations=30",)),
-    "grid-4x4": Case("grid-4x4", quick=("training.iterations=30",)),
-    **{
-        f"mnist-{n}x{n}": Case(
-            "mnist-regions-3x3", (*IMAGE_BUDGET, f"grid.rows={n}", f"grid.cols={n}", *MNIST), IMAGE_QUICK
-        )
-        for n in (1, 2, 3, 4, 5, 8, 12)
-    },
-    "fashion-3x3": Case(
-        "mnist-regions-3x3",
-        (*IMAGE_BUDGET, *FASHION, "data.size=10000"),
-        IMAGE_QUICK,
-    ),
-    # The issue's main case for the larger grids: all 60,000 training images (a 5×5 cell's region
-    # ~2,400 of them, against MNIST's 320), scored against the 10,000 of the test split.
-    **{
-        f"fashion-full-{n}x{n}": Case(
-            "mnist-regions-3x3",
-            (*IMAGE_BUDGET, *FASHION, f"grid.rows={n}", f"grid.cols={n}"),
-            IMAGE_QUICK,
-        )
-        for n in (1, 3, 5, 8, 12)
-    },
-}
-
-
-@dataclass
-class Result:
-    case: str
-    seed: int
-    method: str
-    steps: int
-    seconds: float
-    scores: dict[str, float] = field(default_factory=dict)
-    rate: float | None = None  # training.learning_rate of the run (set when sweeping --rates)
-    validation: dict[str, float] = field(default_factory=dict)  # the same scores on the validation split
-
-
-# ---- data and scores -------------------------------------------------------------------------
-
-
-def split_data(
-    config: ExperimentConfig, seed: int, validation: int = 0
-) -> tuple[Dataset, Dataset | None, Dataset | None]:
-    """(training data, held-out data, validation data): toys are drawn anew for scoring (and sampled
-    with another seed for validation); images keep 2,000 aside, and `validation` more of the
-    training images when a sweep picks learning rates (never trained on, never scored against)."""
-    if config.data.name.startswith("gaussian"):
-        return load_dataset(config.data, seed), None, None
-    from palomino.data.dataset import subset_indices
-    from palomino.scoring.classifier import classifier_split
-
-    split = classifier_split(config.data, holdout=IMAGE_SAMPLES, seed=0)
-    train = split.train
-    if config.data.size and config.data.size < len(train):  # the case's data.size, as `palomino train` takes it
-        train = train.rows(torch.from_numpy(subset_indices(len(train), config.data.size, 0, "the training split")))
-    if not validation:
-        return train, split.test, None
-    kept, apart = torch.arange(len(train)).split([len(train) - validation, validation])
-    return train.rows(kept), split.test, train.rows(apart)
-
-
-@torch.no_grad()
-def draw(generators: list[torch.nn.Module], weights: np.ndarray, n: int, latent: int, seed: int) -> torch.Tensor:
-    """n samples of the mixture (generator space): component i draws about n·wᵢ of them."""
-    from palomino.runs.mixture import component_counts
-
-    g = torch.Generator().manual_seed(seed)
-    parts = [
-        net.eval()(torch.randn(int(k), latent, generator=g))
-        for net, k in zip(generators, component_counts(weights, n))
-        if k
-    ]
-    return torch.cat(parts)
-
-
-class Referee:
-    """Scores samples of one case the same way for every method."""
-
-    def __init__(
-        self,
-        config: ExperimentConfig,
-        train: Dataset,
-        held_out: Dataset | None,
-        out: Path,
-        validation: Dataset | None = None,
-        extractor: str = "classifier",
-    ) -> None:
-        self.config, self.train, self.held_out = config, train, held_out
-        self.extractor = None
-        if held_out is not None:
-            from palomino.scoring.classifier import save_classifier, train_classifier
-            from palomino.scoring.extractors import ClassifierExtractor
-
-            arch = "lipizzaner" if extractor == "lipizzaner" else "cnn"
-            path = out / f"classifier-{config.data.name}{'' if arch == 'cnn' else '-' + arch}.safetensors"
-            if not path.exists():  # trained on the same 8,000 / 2,000 split the GANs use
-                save_classifier(train_classifier(config.data, holdout=IMAGE_SAMPLES, arch=arch), path)
-            self.classifier = path
-            self.extractor = ClassifierExtractor(path)
-            self.real = self.extractor.extract(((held_out.samples + 1) / 2).clamp(0, 1))
-            self.validation_real = (
-                None if validation is None else self.extractor.extract(((validation.samples + 1) / 2).clamp(0, 1))
-            )
-            # The memorization ratio's denominator, once per case: as many held-out images as samples scored.
-            some = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(0))[:IMAGE_SAMPLES]
-            self.memorization = MemorizationScale.calibrate(train.samples, held_out.samples[some])
-
-    def score(self, samples: torch.Tensor, validation: bool = False) -> dict[str, float]:
-        """Scores against the held-out images (or, `validation`, the validation images: FID only)."""
-        if self.extractor is None:
-            coverage = mode_coverage(samples, self.train.modes, self.train.mode_std)
-            return {"modes": coverage.covered, "hq": coverage.high_quality}
-        from palomino.coevolution.ensemble_search import feature_fid
-        from palomino.scoring.tvd import class_tvd
-
-        features, logits = self.extractor.extract(((samples + 1) / 2).clamp(0, 1))
-        real_features, real_logits = self.validation_real if validation else self.real
-        scores = {"fid": feature_fid(features, real_features), "tvd": class_tvd(logits, real_logits)}
-        if validation:
-            return scores
-        return {**scores, "memorization": self.memorization.of(samples).ratio}
-
-    def sample_count(self) -> int:
-        return SAMPLES if self.extractor is None else IMAGE_SAMPLES
-
-    @staticmethod
-    def worse(scores: dict[str, float]) -> float:
-        """Lower is better: FID for images; for toys modes first, then the high-quality share."""
-        return scores["fid"] if "fid" in scores else -(scores["modes"] + scores["hq"])
-
-
-def selection_score(generator: torch.nn.Module, train: Dataset, latent: int, seed: int, referee: Referee) -> float:
-    """How indep-best picks its GAN, as the grid's ensemble picks its weights: against training
-    data, never the held-out data — FID on the classifier's features for images, MMD² for points."""
-    fake = draw([generator], np.ones(1), 1000, latent, seed + 1)
-    real = train.samples[torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:1000]]
-    if referee.extractor is not None:
-        features = [referee.extractor.extract(((x + 1) / 2).clamp(0, 1))[0] for x in (fake, real)]
-        return FrechetScore.from_features([features[0]], features[1])(np.ones(1))
-    return MixtureScore.from_samples([fake], real, FINE_BANDWIDTH_FACTORS)(np.ones(1))
-
-
-# ---- the methods -----------------------------------------------------------------------------
-
-
-def train_baselines(
-    config: ExperimentConfig, datasets: list[Dataset], budget: Budget, seeds: list[int], device: str
-) -> tuple[list[torch.nn.Module], list[torch.nn.Module], float]:
-    """(generators, discriminators, seconds): plain GANs trained side by side as one stack
-    (palomino.baselines), back on the CPU to be scored; GAN i on datasets[i] from seeds[i]."""
-    start = time.perf_counter()
-    trained = train_independent(config, datasets, budget, seeds, device)
-    seconds = time.perf_counter() - start
-    return [g.cpu() for g, _ in trained], [d.cpu() for _, d in trained], seconds
-
-
-def run_grid(config: ExperimentConfig, train: Dataset, out: Path) -> tuple[RunDirectory, float]:
-    torch.set_num_threads(THREADS)
-    run = RunDirectory.create(out, config)
-    start = time.perf_counter()
-    features = ensemble_features(config, train.kind, config.device)
-    outcome = asyncio.run(train_embedded(config, run, train, ensemble_features=features))
-    if not outcome.finished:
-        raise RuntimeError(f"{run.path}: training did not finish")
-    return run, time.perf_counter() - start
-
-
-def grid_steps(run: RunDirectory) -> tuple[int, int, int]:
-    """(generator steps, discriminator steps, cells) summed over metrics.jsonl."""
-    records = list(read_jsonl(run.path / "metrics.jsonl"))
-    g = sum(r["steps"]["generator"] for r in records)
-    d = sum(r["steps"]["discriminator"] for r in records)
-    return g, d, len({tuple(r["cell"]) for r in records})
-
-
-def own_generator(run: RunDirectory, cell: str) -> torch.nn.Module:
-    mixture = Mixture.load(run.result_dir / "cells" / cell)
-    return mixture.generators[mixture.components.index(cell)]
 
 
 @dataclass(frozen=True)
@@ -438,85 +247,6 @@ def evaluate_case(
     return results
 
 
-def plain_setting(config: ExperimentConfig, total: Budget, scale: int) -> tuple[ExperimentConfig, Budget, str]:
-    """(config, budget, row name) of the plain GAN: the grid's total steps in sequence, or with
-    `scale` S > 1 batches S times larger and S times fewer steps (the same samples seen)."""
-    if scale == 1:
-        return config, total, "plain"
-    training = config.training.model_copy(update={"batch_size": config.training.batch_size * scale})
-    budget = Budget(max(1, total.generator // scale), max(1, total.discriminator // scale))
-    return config.model_copy(update={"training": training}), budget, f"plain-batch×{scale}"
-
-
-def searched_weights(
-    config: ExperimentConfig, train: Dataset, generators: list[torch.nn.Module], critics: list[torch.nn.Module]
-) -> np.ndarray:
-    """Mixture weights for independent GANs on the regions found as the grid's result finds its
-    own (palomino.runs.grid_ensemble: forward selection, then a (1+1)-ES, on the same score and
-    features): what the grid's lead over data-share weights owes to that search."""
-    from palomino.grid import Topology
-    from palomino.runs.grid_ensemble import grid_ensemble
-
-    cells = [str(c) for c in Topology(config.grid.rows, config.grid.cols).cells()]
-    features = ensemble_features(config, train.kind, "cpu")
-    return grid_ensemble(generators, cells, train, config, "cpu", critics, features=features).ensemble.weights
-
-
-def without_neighbours(config: ExperimentConfig) -> ExperimentConfig:
-    """The grid without communication: grid.neighbourhood none, each cell alone with the same policies."""
-    return config.model_copy(update={"grid": config.grid.model_copy(update={"neighbourhood": "none"})})
-
-
-def communicates(config: ExperimentConfig) -> bool:
-    return config.grid.neighbourhood != "none"
-
-
-def without_selection(config: ExperimentConfig) -> ExperimentConfig:
-    """The grid without selection: tournaments of one (a random candidate, no fitness pressure) and
-    generational replacement (the trained offspring replace their parents whatever their fitness);
-    the neighbourhood, migration and every other policy as they are."""
-    training = config.training
-    selection = training.selection.model_copy(update={"replacement": "generational"})
-    return config.model_copy(
-        update={"training": training.model_copy(update={"tournament_size": 1, "selection": selection})}
-    )
-
-
-def selects(config: ExperimentConfig) -> bool:
-    """Whether fitness chooses anything in the grid: not under generational replacement with
-    tournaments of one, or with one candidate each (one individual a cell, no migrants: the regions
-    cases), where the grid already is its no-selection ablation."""
-    training = config.training
-    one_candidate = training.population_size == 1 and training.selection.migration == 0
-    return training.selection.replacement != "generational" or not (training.tournament_size == 1 or one_candidate)
-
-
-def without_mutation(config: ExperimentConfig) -> ExperimentConfig:
-    """The grid without its cells' own policies: no learning-rate mutation and one loss, the first
-    (the baselines' loss); the neighbourhood, selection and every other setting as they are."""
-    training = config.training
-    mutation = training.mutation.model_copy(update={"probability": 0.0})
-    return config.model_copy(
-        update={"training": training.model_copy(update={"mutation": mutation, "losses": training.losses[:1]})}
-    )
-
-
-def mutates(config: ExperimentConfig) -> bool:
-    """Whether the cells do anything of their own beyond a plain GAN's step: mutate their rates
-    (a chance and a step above 0) or draw among several losses."""
-    mutation = config.training.mutation
-    return (mutation.probability > 0 and mutation.alpha > 0) or len(config.training.losses) > 1
-
-
-# --ablations: each name's run directory, the config with it taken out, and whether the grid has
-# any of it (if not, the grid's own run is the row).
-ABLATIONS: dict[str, tuple[str, Callable[[ExperimentConfig], ExperimentConfig], Callable[[ExperimentConfig], bool]]] = {
-    "grid-alone": ("alone", without_neighbours, communicates),
-    "grid-no-selection": ("no-selection", without_selection, selects),
-    "grid-no-mutation": ("no-mutation", without_mutation, mutates),
-}
-
-
 def sweep_case(
     name: str, seed: int, overrides: list[str], out: Path, rates: list[float], options: Options = Options()
 ) -> tuple[list[Result], list[Result]]:
@@ -537,203 +267,6 @@ def pick(every: list[Result]) -> list[Result]:
         min((r for r in every if r.method == method), key=lambda r: Referee.worse(r.validation))
         for method in dict.fromkeys(r.method for r in every)
     ]
-
-
-def regions_baseline(
-    seed: int, config: ExperimentConfig, train: Dataset, per: Budget, device: str
-) -> tuple[tuple[list[torch.nn.Module], list[torch.nn.Module]], list[Dataset], float]:
-    """indep-regions: each independent GAN on its cell's own data (cell_dataset, as the grid splits
-    it): ((generators, discriminators), their data, seconds)."""
-    from palomino.coevolution.cell_data import cell_dataset
-    from palomino.grid import Topology
-
-    topology = Topology(config.grid.rows, config.grid.cols, config.grid.neighbourhood)
-    parts = [cell_dataset(train, config, coord, topology, None) for coord in topology.cells()]
-    nets, critics, seconds = train_baselines(config, parts, per, [seed + 3000 + i for i in range(len(parts))], device)
-    return (nets, critics), parts, seconds
-
-
-@dataclass
-class Baseline:
-    """Samples of baseline generators as the grid's result is sampled: an equal-weight mixture and,
-    where the case sets training.ensemble.critic_quantile, through their own discriminators
-    calibrated the same way on training data (palomino.coevolution.rejection), by the same rule
-    (training.ensemble.critic: together, or each generator through its own critic calibrated on
-    its own data): the filter is then not what tells the grid from its baselines."""
-
-    config: ExperimentConfig
-    train: Dataset
-    n: int
-    seed: int
-
-    def sample(
-        self,
-        generators: list[torch.nn.Module],
-        critics: list[torch.nn.Module],
-        weights: np.ndarray | None = None,
-        own_data: list[Dataset] | None = None,
-        at: int | None = None,
-    ) -> torch.Tensor:
-        """n samples; `at` seeds them (default the case's seed + 100, as the grid's are drawn)."""
-        at = self.seed + 100 if at is None else at
-        quantile = self.config.training.ensemble.critic_quantile
-        weights = np.full(len(generators), 1 / len(generators)) if weights is None else weights
-        if quantile <= 0:
-            return draw(generators, weights, self.n, self.config.network.latent_dim, at)
-        from palomino.coevolution.rejection import CriticFilter
-
-        def real(data: Dataset) -> torch.Tensor:
-            return data.samples[
-                torch.randperm(len(data), generator=torch.Generator().manual_seed(self.seed + 11))[:2000]
-            ]
-
-        names = [str(i) for i in range(len(generators))]
-        mixture = Mixture(
-            generators,
-            weights,
-            names,
-            self.config.network,
-            self.train.sample_shape,
-            self.train.kind,
-            {},
-            critics=critics,
-            critic_cells=names,
-        )
-        if self.config.training.ensemble.critic == "own":
-            own = own_data or [self.train] * len(generators)
-            thresholds = [CriticFilter.calibrate([c], real(d), quantile).threshold for c, d in zip(critics, own)]
-            mixture.use_filter(FilterRule(rule="own", thresholds=thresholds, quantile=quantile))
-        else:
-            threshold = CriticFilter.calibrate(critics, real(self.train), quantile).threshold
-            mixture.use_filter(FilterRule(threshold=threshold, quantile=quantile))
-        return mixture.sample(self.n, seed=at, data_space=False)
-
-
-def _cells(run: RunDirectory) -> list[str]:
-    return [p.name for p in (run.result_dir / "cells").iterdir() if p.is_dir()]
-
-
-# ---- the table -------------------------------------------------------------------------------
-
-
-def summarise(results: list[Result]) -> list[dict[str, Any]]:
-    rows = []
-    for case in dict.fromkeys(r.case for r in results):
-        for method in dict.fromkeys(r.method for r in results if r.case == case):
-            mine = [r for r in results if r.case == case and r.method == method]
-            row: dict[str, Any] = {
-                "case": case,
-                "method": method,
-                "seeds": len(mine),
-                "steps": mine[0].steps,
-                "seconds": float(np.mean([r.seconds for r in mine])),
-            }
-            if mine[0].rate is not None:  # a sweep: the rate each seed's validation split chose
-                row["lr"] = [r.rate for r in mine]
-            for key in mine[0].scores:
-                values = [r.scores[key] for r in mine]
-                row[key] = {
-                    "mean": float(np.mean(values)),
-                    "sd": float(np.std(values)),
-                    "min": float(np.min(values)),
-                    "values": values,
-                }
-            if "memorization" in row:  # FID cannot tell copies of the training images from new ones
-                row["memorizing"] = row["memorization"]["mean"] < MEMORIZING_BELOW
-            rows.append(row)
-    return rows
-
-
-MEMORIZATION_LEGEND = (
-    "memorization: median distance of a sample to its nearest training image over that of a held-out image "
-    f"(pixels in [-1, 1]; about 1 for new images); ! = below {MEMORIZING_BELOW}: memorizing"
-)
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    keys = [
-        k
-        for k in ("modes", "hq", "cell_modes", "union", "used", "fid", "tvd", "memorization")
-        if any(k in r for r in rows)
-    ]
-    width = max([12, *(len(r["case"]) + 2 for r in rows)])  # fashion-full-12x12 and the like
-    lines = [
-        f"{'case':<{width}}{'method':<21}{'seeds':>6}"
-        + "".join(f"{k:>16}" for k in keys)
-        + f"{'G+D steps':>12}{'wall s':>9}"
-    ]
-
-    def cell(r: dict[str, Any], k: str) -> str:
-        if k not in r:
-            return f"{'':>16}"
-        flag = "!" if k == "memorization" and r.get("memorizing") else " "
-        return f"{r[k]['mean']:>9.3f}{flag}±{r[k]['sd']:<5.3f}"
-
-    for r in rows:
-        cells = "".join(cell(r, k) for k in keys)
-        rates = "  lr " + ",".join(f"{x:g}" for x in r["lr"]) if "lr" in r else ""
-        lines.append(
-            f"{r['case']:<{width}}{r['method']:<21}{r['seeds']:>6}{cells}{r['steps']:>12}{r['seconds']:>9.0f}{rates}"
-        )
-    if "memorization" in keys:
-        lines.append(MEMORIZATION_LEGEND)
-    return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
-    for ax, case in zip(axes[0], cases):
-        mine = [r for r in rows if r["case"] == case]
-        key = "hq" if "hq" in mine[0] else "fid"
-        ax.bar(
-            [r["method"] for r in mine],
-            [r[key]["mean"] for r in mine],
-            yerr=[r[key]["sd"] for r in mine],
-            color="#5b8def",
-        )
-        if key == "hq":
-            for i, r in enumerate(mine):
-                ax.text(
-                    i, r[key]["mean"] / 2, f"{r['modes']['mean']:.1f}\nmodes", ha="center", fontsize=7, color="white"
-                )
-        if key == "fid":  # a collapsed baseline is 10-20× the others: on a linear axis they vanish
-            ax.set_yscale("log")
-            ax.set_ylim(10, 2 * max(r[key]["mean"] for r in mine))
-            for i, r in enumerate(mine):
-                flag = " memorizing" if r.get("memorizing") else ""
-                ax.text(i, r[key]["mean"] * 1.08, f"{r[key]['mean']:.0f}{flag}", ha="center", fontsize=7)
-        ax.set_title(f"{case} ({key}; {mine[0]['seeds']} seeds)")
-        ax.tick_params(axis="x", labelsize=8, labelrotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def shown(scores: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
-
-
-def report(r: Result, prefix: str = "") -> None:
-    at = "" if r.rate is None else f" lr {r.rate:g}"
-    print(
-        f"{r.case} seed {r.seed} {r.method}{at}: {prefix}{shown(r.scores)} ({r.steps} steps, {r.seconds:.0f} s)",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def write_table(out: Path, header: dict[str, Any], results: list[Result], swept: list[Result]) -> list[dict[str, Any]]:
-    """table.json in `out`: how the referee was run, a row per method over the seeds so far, every
-    swept rate's results; `header["finished"]`: True, or the [case, seed] pairs done so far."""
-    rows = summarise(results)
-    table = {**header, "rows": rows, "sweep": [asdict(r) for r in swept]}
-    (out / "table.json").write_text(json.dumps(table, indent=2))
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -844,6 +377,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             print(f"\n{out / 'table.json'}  {out / 'table.png'}", file=sys.stderr)
     return 0
+
+
+# What benchmarks/lipizzaner.py and the tests take from the referee, wherever it lives in its parts.
+__all__ = [
+    "ABLATIONS", "BASELINES", "CASES", "IMAGE_SAMPLES", "MNIST", "MNIST_DIR", "SAMPLES", "THREADS", "Case", "Options",
+    "Referee", "Result", "communicates", "draw", "evaluate_case", "format_table", "grid_steps", "main", "mutates",
+    "pick", "referee_scoring", "run_grid", "selects", "split_data", "summarise", "train_baselines", "without_mutation",
+    "without_neighbours", "without_selection",
+]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -276,7 +276,7 @@ def test_the_referee_scores_on_lipizzaners_cnn_when_asked(
 
     monkeypatch.setattr(quality, "MNIST_DIR", mnist_dir)
     # This checks the plumbing: a small held-out split, and a classifier of one epoch on 1,000 images.
-    monkeypatch.setattr(quality, "IMAGE_SAMPLES", 200)
+    monkeypatch.setattr(quality.referee_scoring, "IMAGE_SAMPLES", 200)  # where the referee reads it
     quick = functools.partial(classifier.train_classifier, epochs=1, train_size=1000, test_size=200)
     monkeypatch.setattr(classifier, "train_classifier", quick)
     short = [
