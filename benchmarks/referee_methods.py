@@ -18,8 +18,8 @@ from referee_scoring import draw
 from palomino.baselines import Budget, train_independent
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
+from palomino.engine.embedded import train_embedded
 from palomino.runs.directory import RunDirectory, read_jsonl
-from palomino.runs.embedded import train_embedded
 from palomino.runs.filter_rule import FilterRule
 from palomino.runs.mixture import Mixture
 from palomino.scoring.extractors import ensemble_features

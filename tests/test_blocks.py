@@ -17,10 +17,10 @@ from conftest import tiny
 from palomino.coevolution import Cell
 from palomino.config import parse_config
 from palomino.data import load_dataset
+from palomino.engine.hosting import host_cells
+from palomino.engine.loop import LoopSettings
 from palomino.grid import Coord, Topology
 from palomino.grid.blocks import cut_pairs, place_blocks, runs, snake
-from palomino.runs.hosting import host_cells
-from palomino.runs.loop import LoopSettings
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.local import worker_sizes
 from palomino.services.orchestrator.experiment import Worker

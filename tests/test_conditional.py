@@ -18,13 +18,13 @@ from helpers import mnist_classifier
 from palomino.coevolution import Cell
 from palomino.config import parse_config
 from palomino.data import class_priors, load_dataset
+from palomino.engine.embedded import train_embedded
 from palomino.errors import ConfigError, PalominoError
 from palomino.grid import Topology
 from palomino.nn import apply, build_discriminator, build_generator, get_loss, is_conditional
 from palomino.nn.conditional import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from palomino.nn.stacked import StackedMLP
 from palomino.runs import Mixture, RunDirectory
-from palomino.runs.embedded import train_embedded
 from palomino.runs.mixture import draw_labels
 
 SHAPES = [("mlp", (2,), "points"), ("mlp", (1, 28, 28), "image"), ("dcgan", (1, 28, 28), "image"),

@@ -222,6 +222,7 @@ LAYERS = [
     ("palomino.wire", "palomino.data", "palomino.nn"),
     ("palomino.transport", "palomino.coevolution", "palomino.baselines"),
     ("palomino.runs",),
+    ("palomino.engine",),
     ("palomino.scoring",),
     ("palomino.services",),
     ("palomino.cli", "palomino.__main__"),

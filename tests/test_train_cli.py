@@ -361,8 +361,8 @@ def test_stop_reaches_a_cell_waiting_for_a_stopped_neighbour() -> None:
     from palomino.coevolution import Cell
     from palomino.config import parse_config
     from palomino.data import load_dataset
+    from palomino.engine.loop import LoopSettings, run_cell
     from palomino.grid import Coord, Topology
-    from palomino.runs.loop import LoopSettings, run_cell
     from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
     cfg = parse_config(tiny(grid={"rows": 1, "cols": 2}, training={"synchronous": True}))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import raw_publish, wait_until_async
 
+from palomino.engine.loop import gather_neighbours
 from palomino.errors import TransportError
 from palomino.grid import Coord, Topology
-from palomino.runs.loop import gather_neighbours
 from palomino.transport import InMemorySnapshotBus
 from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
 from palomino.transport.redis_liveness import RedisLiveness

@@ -29,8 +29,8 @@ from palomino.services.common.command_options import device as device_option
 if TYPE_CHECKING:  # torch-heavy: the service commands start without them
     from palomino.config import ExperimentConfig
     from palomino.data import Dataset
+    from palomino.engine.embedded import TrainOutcome
     from palomino.runs import RunDirectory
-    from palomino.runs.embedded import TrainOutcome
 
 
 def train(
@@ -171,8 +171,8 @@ async def _train_until_done(
 ) -> TrainOutcome:
     """The embedded training, the progress bar following it; Ctrl-C (or SIGTERM) stops after the
     current iteration with checkpoints, a second one at once."""
+    from palomino.engine.embedded import train_embedded
     from palomino.grid import cell_name
-    from palomino.runs.embedded import train_embedded
 
     stop = asyncio.Event()
     main_task = asyncio.current_task()

@@ -1,4 +1,5 @@
-"""The run directory and the loops that fill it.
+"""The run directory: its files, checkpoints, results and mixtures (the loops that fill it are
+palomino/engine).
 
 Only the torch-free parts load eagerly (the orchestrator imports this package without torch).
 """

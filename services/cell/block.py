@@ -3,7 +3,7 @@
 
 Each cell is held by one slot (a worker name the orchestrator knows: its Assign, heartbeat,
 metrics, checkpoints and result go by that name), built and restored from what its Assign
-carried, and trained with the library's loop (palomino/runs/hosting.py: one tile where it pays,
+carried, and trained with the library's loop (palomino/engine/hosting.py: one tile where it pays,
 else a loop per cell). Neighbours inside the block are read from memory; the rest come over
 RabbitMQ (palomino/transport/block_bus.py). A Resize moves a slot's cell or lets it go.
 """
@@ -174,8 +174,8 @@ class Block:
 
     async def _train(self, config: Any, dataset: Any, bus: BlockBus, scoring: Any, recorder: Any) -> None:
         from palomino.coevolution.tile import use_tile
-        from palomino.runs.hosting import host_cells
-        from palomino.runs.loop import LoopSettings
+        from palomino.engine.hosting import host_cells
+        from palomino.engine.loop import LoopSettings
 
         cells = list(self.cells.values())
         tiled = len(cells) > 1 and use_tile(config, cells)

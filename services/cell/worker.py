@@ -19,8 +19,8 @@ import uuid
 from contextlib import AsyncExitStack, suppress
 from typing import Any
 
+from palomino.engine.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.errors import PalominoError, TransportError
-from palomino.runs.loop import unless_set  # loads the engine (torch) now, not while heartbeating
 from palomino.services.cell.block import Block, Links
 from palomino.services.cell.outbox import Outbox
 from palomino.services.common.service_settings import ServiceSettings

@@ -18,8 +18,8 @@ import torch
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile
 from palomino.config import ExperimentConfig
-from palomino.runs.loop import LoopSettings, run_cell
-from palomino.runs.tile_loop import Adjust, run_tile
+from palomino.engine.loop import LoopSettings, run_cell
+from palomino.engine.tile_loop import Adjust, run_tile
 from palomino.transport import Liveness, Recorder, SnapshotBus
 
 

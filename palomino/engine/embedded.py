@@ -19,14 +19,14 @@ from palomino.coevolution import Cell
 from palomino.coevolution.tile import use_tile
 from palomino.config import ExperimentConfig
 from palomino.data import Dataset
+from palomino.engine.hosting import host_cells
+from palomino.engine.loop import LoopSettings
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
 from palomino.runs.checkpoints import newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
 from palomino.runs.finish import cell_result, ensemble_result
 from palomino.runs.grid_ensemble import Features
-from palomino.runs.hosting import host_cells
 from palomino.runs.images import progress_png, real_png
-from palomino.runs.loop import LoopSettings
 from palomino.runs.result import write_class_result, write_result
 from palomino.runs.tensorboard_log import TensorBoardLog
 from palomino.transport import InMemoryLiveness, InMemorySnapshotBus

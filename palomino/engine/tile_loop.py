@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile
+from palomino.engine.loop import LoopSettings, due, gather_neighbours, heartbeat, unless_set
 from palomino.grid import Coord
-from palomino.runs.loop import LoopSettings, due, gather_neighbours, heartbeat, unless_set
 from palomino.transport import Liveness, Recorder, SnapshotBus
 
 # Between iterations: the cells to go on with (a service relocates cells or lets some go here).
