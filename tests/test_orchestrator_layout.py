@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from helpers import done, running_2x2
 
+from palomino.errors import TransportError
 from palomino.grid import Coord
 from palomino.services.common.service_settings import ServiceSettings
 from palomino.services.orchestrator.experiment import Experiment
@@ -461,3 +463,22 @@ def test_a_stale_owner_writing_for_cells_handed_over_is_told_to_stop_once(tmp_pa
     late = {"cell": [0, 0], "iteration": 10_000, "epoch": 1}
     asyncio.run(orchestrator.on_control(Metrics(experiment=experiment.id, worker="w0", record=late), b""))
     assert stops() == ["cell.w1"] and orchestrator.counters["untrusted_messages"] == 3
+
+
+def test_bounded_calls_all_run_to_their_end_when_one_fails() -> None:
+    """A failed send among many (a Stop to one worker) once left the others never started, and the
+    experiment's end half done."""
+    from palomino.services.orchestrator.placement import bounded
+
+    finished: list[int] = []
+
+    async def call(i: int) -> int:
+        await asyncio.sleep(0.01 * (i % 3))
+        if i == 2:
+            raise TransportError("the broker refused it")
+        finished.append(i)
+        return i
+
+    with pytest.raises(TransportError, match="refused"):
+        asyncio.run(bounded((call(i) for i in range(40)), limit=4))
+    assert sorted(finished) == [i for i in range(40) if i != 2]

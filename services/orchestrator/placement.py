@@ -46,14 +46,20 @@ def checkpoints_below(experiment: Experiment, coord: Coord) -> int | None:
 
 
 async def bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENT) -> list[T]:
-    """Await `calls` concurrently, at most `limit` at a time; their results in order."""
+    """Await `calls` concurrently, at most `limit` at a time; their results in order. Every call is
+    awaited to its end even when one fails (the first error is raised after): a failure must not
+    leave the rest half sent or never started."""
     gate = asyncio.Semaphore(limit)
 
     async def one(call: Awaitable[T]) -> T:
         async with gate:
             return await call
 
-    return await asyncio.gather(*(one(call) for call in calls))
+    results = await asyncio.gather(*(one(call) for call in calls), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
 
 
 def in_blocks(topology: Topology, blocks: list[list[str]]) -> dict[Coord, str]:
@@ -84,7 +90,14 @@ class Placement:
         working = self.shared.working_on(experiment)
         for worker in working:
             self.shared.workers[worker].free()
-        await bounded(self.shared.control.send(cell_address(worker), stop) for worker in working)
+
+        async def tell(worker: str) -> None:
+            try:
+                await self.shared.control.send(cell_address(worker), stop)
+            except PalominoError as error:  # the experiment ends all the same; that worker's later messages are refused
+                log.warning("stop to %s not sent: %s", worker, error)
+
+        await bounded(tell(worker) for worker in working)
         log.info("experiment %s %s%s", experiment.id, state, f": {reason}" if reason else "")
         await self.shared.event(experiment, "state", {"state": state, "reason": reason})
         await self.forget_all_published(experiment)
