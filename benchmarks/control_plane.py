@@ -236,11 +236,21 @@ async def simulate(prefix: str, workers: int, cells: int, plan_dir: Path, log: A
             atomic_write(plan_dir / f"sent-{prefix}.json", json.dumps(plan.sent).encode())  # the driver reads it
             await asyncio.sleep(1.0)
 
-    counting = asyncio.create_task(write_counts())
+    async def watch_lag() -> None:
+        """This process's event loop late by over a second (its workers' heartbeats late with it): an event."""
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.5)
+            if (late := loop.time() - before - 0.5) > 1.0:
+                plan.event(log, kind="stall", process=prefix, seconds=round(late, 2))
+
+    counting, watching = asyncio.create_task(write_counts()), asyncio.create_task(watch_lag())
     try:
         await asyncio.gather(*(w.run() for w in fleet))
     finally:
         counting.cancel()
+        watching.cancel()
         atomic_write(plan_dir / f"sent-{prefix}.json", json.dumps(plan.sent).encode())
 
 
@@ -456,6 +466,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if experiment_id:
                 report["at_error"] = {k: client.experiment(experiment_id)[k] for k in ("state", "records", "epoch")}
         report.update(connects(work))
+        stalls: dict[str, float] = {}
+        for event in events(plan):
+            if event["kind"] == "stall":
+                stalls[event["process"]] = max(stalls.get(event["process"], 0.0), event["seconds"])
+        report["event_loop_stalls_s"] = stalls  # the longest late wake-up of each process, where over 1 s
         return report
     finally:
         for process in processes:
