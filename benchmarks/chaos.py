@@ -373,6 +373,7 @@ class Driver:
         self.current: dict[str, Any] | None = None
         self.deck: list[str] = []
         self.fault_deck: list[str] = []
+        self.lasting: threading.Thread | None = None  # a partition or pause under way
 
     def run(self) -> None:
         end_kills = self.soak.started + self.args.duration
@@ -387,9 +388,11 @@ class Driver:
                 self.follow()
             self.note_scores()
             if now >= next_kill and now < end_kills:
+                self.wait_lasting()
                 self.fault_one()
                 next_kill += self.args.period
             time.sleep(1.0)
+        self.wait_lasting()
         self.drain(time.time() + self.args.drain)
 
     def submit(self) -> None:
@@ -440,9 +443,23 @@ class Driver:
         entry: dict[str, Any] = {"t": round(time.time() - self.soak.started, 1), "fault": fault, "kind": kind, "service": name}  # fmt: skip
         if fault == "kill":
             self.kill_one(entry, before)
-        else:
+            self.soak.kills.append(entry)
+            return
+
+        # A partition or a pause lasts: the driver goes on following and submitting meanwhile (an
+        # experiment that ends during it is seen to end, and the next one submitted).
+        def lasting() -> None:
             self.cut_off(entry, before)
-        self.soak.kills.append(entry)
+            self.soak.kills.append(entry)
+
+        self.lasting = threading.Thread(target=lasting, daemon=True)
+        self.lasting.start()
+
+    def wait_lasting(self) -> None:
+        """The partition or pause under way, to its end (before the next fault, and the verdict)."""
+        if self.lasting is not None:
+            self.lasting.join()
+            self.lasting = None
 
     def cut_off(self, entry: dict[str, Any], before: dict[str, Any] | None) -> None:
         """A pause (SIGSTOP for --pause-seconds, then SIGCONT) or a partition (its links to both
@@ -463,7 +480,7 @@ class Driver:
             self.fleet.cut(name)
         try:
             if held:  # its cells go to spares once its heartbeat expires, while it is away
-                entry["handed_over_s"] = self.replaced(worker, started, until=started + seconds)
+                entry["handed_over_s"] = self.replaced(worker, started, started + seconds, before["id"])
             time.sleep(max(0.0, started + seconds - time.time()))
         finally:
             if fault == "pause":
@@ -517,11 +534,15 @@ class Driver:
         return [cell for cell, slot in summary["cells"].items()
                 if slot.rsplit("/", 1)[0] == worker and not (collected / cell).exists()]  # fmt: skip
 
-    def replaced(self, worker: str, killed: float, until: float | None = None) -> float | None:
-        """Seconds from the kill until no cell of the current experiment is held by `worker`."""
+    def replaced(self, worker: str, killed: float, until: float | None = None, experiment: str = "") -> float | None:
+        """Seconds from the kill until no cell of the experiment (the current one) is held by `worker`."""
+        from palomino.services.common.client import OrchestratorClient
+
+        client = OrchestratorClient(self.fleet.url, timeout=10)  # its own: a lasting fault's thread asks too
+        experiment = experiment or (self.current["id"] if self.current else "")
         deadline = until or killed + self.args.ttl + 120
         while time.time() < deadline:
-            summary = state_of(self.client, self.current["id"]) if self.current else None
+            summary = state_of(client, experiment) if experiment else None
             if summary is not None:
                 holders = {slot.rsplit("/", 1)[0] for slot in summary["cells"].values()}
                 if worker not in holders or summary["state"] != "running":
@@ -719,7 +740,9 @@ def verdict(soak: Soak, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
 
 
 def print_verdict(report: dict[str, Any]) -> None:
-    print(f"\nchaos soak, seed {report['seed']}: {report['duration_s']} s, a kill every {report['period_s']} s")
+    print(
+        f"\nchaos soak, seed {report['seed']}: {report['duration_s']} s, a fault every {report['period_s']} s ({', '.join(report.get('faults', ['kill']))})"
+    )
     print("\n| t (s) | fault | service | back in (s) | cells lost |\n| ---: | --- | --- | ---: | ---: |")
     for k in report["kills"]:
         print(f"| {k['t']} | {k.get('fault', 'kill')} | {k['service']} | {k.get('restart_s')} | {k.get('cells_lost', '')} |")  # fmt: skip

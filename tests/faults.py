@@ -1,9 +1,10 @@
 """Faults beyond kills (issue 50), on processes and links a test or benchmark started itself:
 
 - `Link`: a TCP forwarder in front of a server (RabbitMQ, Redis), one a client process, whose
-  traffic can be partitioned — `cut()` drops every byte both ways while the sockets stay open (a
-  switch or a firewall losing packets: neither side learns of it until its own timeouts fire) and
-  refuses new connections; `heal()` lets traffic through again (what was dropped stays dropped).
+  traffic can be partitioned — `cut()` holds every byte both ways while the sockets stay open (a
+  switch or a firewall losing packets: TCP retransmits, so nothing arrives and nothing is lost;
+  neither side learns of it until its own timeouts fire) and new connections get no answer;
+  `heal()` lets traffic through again, what was held first.
 - `pause(pid)` / `resume(pid)`: SIGSTOP / SIGCONT of a process and its descendants (a kernel that
   froze it, a GC, a VM migration): it wakes up believing no time has passed.
 
@@ -27,9 +28,10 @@ class Link:
         self.target = target
         self.port = 0
         self.partitioned = False
-        self.connections = 0  # accepted while healed, in all
-        self.refused = 0  # arrived while cut
+        self.connections = 0  # carried through to the server, in all
+        self.held = 0  # connections that arrived while cut (answered once healed, if still there)
         self._loop = asyncio.new_event_loop()
+        self._open = asyncio.Event()  # set while healed; the link's own loop waits on it
         self._ready = threading.Event()
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._run, name=f"link-{target[1]}", daemon=True)
@@ -48,9 +50,11 @@ class Link:
 
     def cut(self) -> None:
         self.partitioned = True
+        self._loop.call_soon_threadsafe(self._open.clear)
 
     def heal(self) -> None:
         self.partitioned = False
+        self._loop.call_soon_threadsafe(self._open.set)
 
     def stop(self) -> None:
         def close() -> None:
@@ -68,6 +72,7 @@ class Link:
         asyncio.set_event_loop(self._loop)
 
         async def listen() -> None:
+            self._open.set()
             self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()
@@ -76,10 +81,9 @@ class Link:
         self._loop.run_forever()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.partitioned:  # no route: the connect is answered by nothing but a close
-            self.refused += 1
-            writer.close()
-            return
+        if not self._open.is_set():  # no route: nothing answers until the link heals (or the client gives up)
+            self.held += 1
+            await self._open.wait()
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         except OSError:  # the server is down (killed by the same soak): as it would be without us
@@ -91,8 +95,7 @@ class Link:
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             while data := await source.read(65536):
-                if self.partitioned:
-                    continue  # lost on the way
+                await self._open.wait()  # held while cut: the senders' buffers fill, nothing is lost
                 sink.write(data)
                 await sink.drain()
         with contextlib.suppress(Exception):
