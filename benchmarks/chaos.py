@@ -150,19 +150,16 @@ class Fleet:
 
     def start(self, name: str) -> None:
         """Start `name` (a service or a cell worker) and wait until it serves."""
-        import httpx
-
         (self.work / "logs").mkdir(exist_ok=True)
         if name == "orchestrator":
             self.spawn(name, name, "orchestrator", "--runs", str(self.runs), "--port", str(self.port))
-            wait(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200, 120, "the orchestrator")
+            self.serving(name)
         elif name == "scorer":
             self.spawn(name, name, "scorer", "--name", "chaos-scorer")
         elif name == "dashboard":
             self.spawn(name, name, "dashboard", "--orchestrator", self.url, "--broker", self.broker_url(name),
                        "--runs", str(self.runs), "--port", str(self.dashboard_port))  # fmt: skip
-            wait(lambda: httpx.get(f"http://127.0.0.1:{self.dashboard_port}/healthz", timeout=2).status_code == 200,
-                 120, "the dashboard")  # fmt: skip
+            self.serving(name)
         elif name in ("redis", "rabbitmq"):
             server = getattr(self.servers, name)
             server.start()  # same port, same folder: RabbitMQ keeps its durable queues, Redis nothing
@@ -236,7 +233,7 @@ class Fleet:
             self.processes[name].wait()
 
     def serving(self, name: str) -> None:
-        """Wait until `name` answers again after a pause or a partition (its health; a server's port)."""
+        """Wait until `name` answers: started, or back from a pause or a partition (its health; a server's port)."""
         import httpx
 
         if name == "orchestrator":

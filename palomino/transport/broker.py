@@ -88,6 +88,17 @@ def broker_errors(url: str, doing: str) -> Iterator[None]:
         raise TransportError(f"cannot {doing} on RabbitMQ at {redact(url)}: {error or type(error).__name__}") from None
 
 
+async def release(
+    connection: AbstractRobustConnection, own: bool, channel: AbstractChannel, *queues: AbstractQueue
+) -> None:
+    """What a client opened: its own connection, closed (its exclusive queues go with it); on a
+    shared one (a worker process's), its channel, and `queues`, which would outlive it, deleted."""
+    if own:
+        await connection.close()
+    else:
+        await close_channel(channel, *queues)
+
+
 async def close_channel(channel: AbstractChannel, *queues: AbstractQueue) -> None:
     """Delete `queues` and close `channel`, leaving the connection (shared) open; what fails because
     the connection is already gone is gone with it."""

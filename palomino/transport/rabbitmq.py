@@ -31,10 +31,10 @@ from palomino.grid import Coord
 from palomino.transport.broker import (
     DEAD_EXCHANGE,
     broker_errors,
-    close_channel,
     connect,
     declare_dead_letters,
     publish_with_retry,
+    release,
 )
 from palomino.transport.guard import Guard, describe_rejection
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
@@ -157,14 +157,10 @@ class RabbitSnapshotBus:
         return self
 
     async def close(self) -> None:
-        if self._connection is None:
-            return
-        if self._shared is None:
-            await self._connection.close()  # its exclusive queue goes with it
-            return
-        # On a shared connection the exclusive queue outlives this bus: deleted, or it would go on
-        # taking (and dead-lettering) the neighbours' snapshots for as long as the worker lives.
-        await close_channel(self._channel, self._queue)
+        # On a shared connection the exclusive queue would outlive this bus, taking (and
+        # dead-lettering) the neighbours' snapshots for as long as the worker lives: deleted.
+        if self._connection is not None:
+            await release(self._connection, self._shared is None, self._channel, self._queue)
 
     async def __aenter__(self) -> RabbitSnapshotBus:
         return await self.connect()

@@ -28,11 +28,11 @@ from palomino.transport.broker import (
     InFlight,
     broker_errors,
     capped,
-    close_channel,
     connect,
     declare_dead_letters,
     declare_durable,
     publish_with_retry,
+    release,
 )
 from palomino.transport.guard import Guard
 from palomino.transport.signing import MessageKey, check_signature, sign_headers
@@ -126,12 +126,8 @@ class ScoreQueue:
         return self
 
     async def close(self) -> None:
-        if self._connection is None:
-            return
-        if self._shared is None:
-            await self._connection.close()
-        else:
-            await close_channel(self._channel)
+        if self._connection is not None:
+            await release(self._connection, self._shared is None, self._channel)
 
     async def enqueue(self, job: ScoreJob, payload: bytes) -> None:
         body = encode_job(job, payload)

@@ -24,7 +24,7 @@ CHECKPOINT_PUBLISH_TIMEOUT = 600.0
 class Outbox:
     def __init__(self, control: ControlChannel, orchestrator: str) -> None:
         self.control, self.orchestrator = control, orchestrator
-        self.dones = DoneDelivery(self._send_done)  # run() and settle() by the worker, for its life
+        self.dones = DoneDelivery(self.send)  # run() and settle() by the worker, for its life
 
     @property
     def connection(self) -> AbstractRobustConnection:
@@ -54,6 +54,3 @@ class Outbox:
             await self.send(Failed(**fields))
         except PalominoError as error:
             log.warning("could not report the failure: %s", error)
-
-    async def _send_done(self, done: Done, payload: bytes) -> None:
-        await self.send(done, payload)
