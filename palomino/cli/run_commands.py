@@ -246,7 +246,7 @@ def _dashboard_of(run, sock):
 
     if sock is None:
         return contextlib.nullcontext()
-    from palomino.services.dashboard import BackgroundDashboard
+    from palomino.services.dashboard.server import BackgroundDashboard
 
     try:
         server = BackgroundDashboard(run.path, sock)

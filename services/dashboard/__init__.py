@@ -9,9 +9,3 @@ app.py       the FastAPI app: one page, /api, /api/events (SSE), /healthz
 server.py    `palomino dashboard`, and the background server of `palomino train --dashboard`
 static/      the page; static/vendor/ holds the npm libraries (see frontend/)
 """
-
-from palomino.services.dashboard.app import create_app
-from palomino.services.dashboard.server import BackgroundDashboard, build_app, serve
-from palomino.services.dashboard.settings import DashboardSettings, dashboard_settings
-
-__all__ = ["BackgroundDashboard", "DashboardSettings", "build_app", "create_app", "dashboard_settings", "serve"]

@@ -30,7 +30,8 @@ def dashboard(
     ),
 ) -> None:
     """The dashboard: live heat maps of the grid in the browser (read-only)."""
-    from palomino.services.dashboard import dashboard_settings, serve
+    from palomino.services.dashboard.server import serve
+    from palomino.services.dashboard.settings import dashboard_settings
 
     settings = dashboard_settings(orchestrator=orchestrator, broker=broker, runs=runs)
     stderr = Console(stderr=True)
