@@ -54,11 +54,27 @@ class OrchestratorClient:
         return self._call("DELETE", f"/experiments/{experiment_id}")
 
     def wait(
-        self, experiment_id: str, timeout: float | None = None, on_poll=None, period: float = 1.0
+        self,
+        experiment_id: str,
+        timeout: float | None = None,
+        on_poll=None,
+        period: float = 1.0,
+        unreachable: float = 120.0,
     ) -> dict[str, Any]:
+        """Poll until the experiment ends. An orchestrator that restarts (a new version, a replaced
+        container) is away for seconds while the run goes on: keep asking for up to `unreachable` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        lost_since: float | None = None
         while True:
-            summary = self.experiment(experiment_id)
+            try:
+                summary = self.experiment(experiment_id)
+            except TransportError:
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since > unreachable:
+                    raise
+                time.sleep(period)
+                continue
+            lost_since = None
             if on_poll is not None:
                 on_poll(summary)
             if summary["state"] in ENDED:
