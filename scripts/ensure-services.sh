@@ -2,8 +2,8 @@
 # Install what the tests drive, from Debian's packages where missing: the programs rabbitmq-server
 # and redis-server (the integration tests start throwaway servers of their own on free ports,
 # tests/servers.py; nothing here starts or touches a server), chromium (dashboard browser test),
-# the deployment files' checkers shellcheck and docker-compose, and Fashion-MNIST
-# (dataset-fashion-mnist). Used by `make test`.
+# the deployment files' checkers shellcheck and docker-compose, a container engine and Slurm for the
+# real-engine tests, and Fashion-MNIST (dataset-fashion-mnist). Used by `make test`.
 set -euo pipefail
 
 install() {  # package
@@ -27,6 +27,13 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)
+# The real-engine tests (pytest -m engine): podman with crun, debootstrap for the local base image
+# (deploy/local-images.sh), and a one-node Slurm with munge (tests/slurm_cluster.py).
+command -v podman >/dev/null || missing+=(podman)
+command -v crun >/dev/null || missing+=(crun)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+command -v munged >/dev/null || missing+=(munge)
 if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   echo "ensure-services: installing ${missing[*]}" >&2
   for package in "${missing[@]}"; do install "$package" || echo "ensure-services: could not install $package" >&2; done

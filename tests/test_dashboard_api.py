@@ -20,9 +20,9 @@ from conftest import REPO, cli_env, last_line, palomino, tiny, write_yaml
 from palomino.errors import ConfigError
 from palomino.services.common.runfiles import JsonlIndex, RunFiles, RunsFolder
 from palomino.services.dashboard.app import create_app
-from palomino.services.dashboard.settings import dashboard_settings
 from palomino.services.dashboard.events import EventHub, MalformedEvent, one_a_record, parse_event
 from palomino.services.dashboard.history import CombinedHistory, OrchestratorHistory, RunsHistory
+from palomino.services.dashboard.settings import dashboard_settings
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CELLS = {"0-0", "0-1", "1-0", "1-1"}

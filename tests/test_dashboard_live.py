@@ -22,9 +22,8 @@ from conftest import cli_command, cli_env, tiny, write_yaml
 from palomino.config import parse_config
 from palomino.grid import Topology
 from palomino.runs.directory import RunDirectory
-from palomino.services.dashboard.server import build_app
+from palomino.services.dashboard.server import ServerThread, build_app, listen
 from palomino.services.dashboard.settings import dashboard_settings
-from palomino.services.dashboard.server import ServerThread, listen
 from palomino.transport.broker import EVENTS_EXCHANGE
 from palomino.transport.control_channel import ControlChannel
 

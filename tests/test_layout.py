@@ -5,6 +5,8 @@ starting with torch made unimportable."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
 import secrets
 import subprocess
 import sys
@@ -56,11 +58,14 @@ def test_no_two_modules_share_a_name() -> None:
 
 
 @pytest.mark.parametrize("name", SERVICES)
-def test_each_service_has_its_code_dockerfile_and_readme(name: str) -> None:
+def test_each_service_has_its_code_readme_and_image(name: str) -> None:
+    """Its image comes from one of two Dockerfiles (with torch or without), which its README names."""
     folder = REPO / "services" / name
-    assert (folder / "__init__.py").is_file() and (folder / "Dockerfile").is_file() and (folder / "README.md").is_file()
+    assert (folder / "__init__.py").is_file() and (folder / "README.md").is_file()
     readme = (folder / "README.md").read_text()
-    assert f"palomino {name}" in readme and "docker build" in readme
+    dockerfile = "services/plain.Dockerfile" if name in TORCH_FREE else "services/torch.Dockerfile"
+    assert f"palomino {name}" in readme and "docker build" in readme and dockerfile in readme
+    assert f"SERVICE={name}" in readme
 
 
 def test_no_service_imports_another() -> None:
@@ -86,17 +91,30 @@ def test_a_torch_free_image_installs_only_pyprojects_dependencies_without_torch(
     ]
     assert set(lines) <= dependencies, f"not as pyproject.toml says: {sorted(set(lines) - dependencies)}"
     assert not [line for line in lines if line.startswith(("torch", "torchmetrics"))]
-    dockerfile = (REPO / "services" / name / "Dockerfile").read_text()
-    assert "pip install --no-deps ." in dockerfile and "TORCH_VARIANT" not in dockerfile
+    dockerfile = (REPO / "services" / "plain.Dockerfile").read_text()
+    assert "COPY services/${SERVICE}/requirements.txt" in dockerfile and 'pip install "$@" --no-deps .' in dockerfile
+    assert "TORCH_VARIANT" not in dockerfile
 
 
 # The orchestrator connects to RabbitMQ and Redis before it answers; the dashboard here reads only files.
 @pytest.mark.parametrize("name", [pytest.param("orchestrator", marks=pytest.mark.integration), "dashboard"])
-def test_the_torch_free_services_start_and_answer_without_torch(name: str, tmp_path: Path) -> None:
+def test_the_torch_free_services_start_and_answer_with_only_their_requirements(name: str, tmp_path: Path) -> None:
+    """As in their image: every dependency of pyproject.toml that the service's requirements.txt
+    leaves out (torch, and e.g. the dashboard's sse-starlette for the orchestrator) is unimportable."""
     port = free_port()
-    blocked = (
-        "import sys; sys.modules['torch'] = sys.modules['torchmetrics'] = None; from palomino.cli import run; run()"
+    kept = {
+        re.split(r"[<>=\[ ]", line)[0].lower()
+        for line in (REPO / "services" / name / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    left_out = {re.split(r"[<>=\[ ]", d)[0].lower() for d in PYPROJECT["project"]["dependencies"]} - kept
+    modules = sorted(
+        module
+        for module, distributions in importlib.metadata.packages_distributions().items()
+        if {d.lower().replace("_", "-") for d in distributions} & left_out
     )
+    assert "torch" in modules
+    blocked = f"import sys; sys.modules.update(dict.fromkeys({modules!r})); from palomino.cli import run; run()"
     args = {"orchestrator": ["--runs", str(tmp_path)], "dashboard": ["--runs", str(tmp_path)]}[name]
     log = (tmp_path / "log.txt").open("wb")
     process = subprocess.Popen(

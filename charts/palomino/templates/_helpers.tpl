@@ -20,7 +20,7 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* One image per service: <image.repository>-<service>:<tag> (services/<service>/Dockerfile). */}}
+{{/* One image per service: <image.repository>-<service>:<tag> (services/torch.Dockerfile or plain.Dockerfile, --build-arg SERVICE=<service>). */}}
 {{- define "palomino.tag" -}}
 {{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
