@@ -54,7 +54,7 @@ else
   say "debootstrap --variant=minbase $suite from $mirror (about a minute)"
   debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 || fail "debootstrap failed: see $root.log"
   rm -f "$root.log"
-  tar -C "$root" -c . | $engine import --change 'CMD ["bash"]' \
+  tar -C "$root" -c . | $engine import --quiet --change 'CMD ["bash"]' \
     --change 'LABEL palomino.stand-in="debootstrap --variant=minbase '"$suite"'"' - "$base" >/dev/null
   rm -rf "$root"
   trap - EXIT
@@ -80,7 +80,8 @@ fi
 if [[ $error == *"hybrid mode not supported"* ]]; then
   # crun refuses a cgroup v1 host whose v2 hierarchy still holds a controller (hugetlb here):
   # mount each such controller as a v1 hierarchy of its own, which takes it off v2.
-  for controller in $(cat /sys/fs/cgroup/unified/cgroup.controllers); do
+  read -ra controllers </sys/fs/cgroup/unified/cgroup.controllers
+  for controller in "${controllers[@]}"; do
     mkdir -p "/sys/fs/cgroup/$controller"
     mount -t cgroup -o "$controller" palomino-v1 "/sys/fs/cgroup/$controller"
     say "mounted the $controller cgroup controller at /sys/fs/cgroup/$controller (v1)"

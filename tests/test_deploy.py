@@ -739,6 +739,14 @@ def test_every_platform_runs_the_compose_commands(tmp_path: Path, chart: Chart) 
     assert containers["submit"][:2] == ["sh", "-c"] and script_lines(containers["submit"][2]) == submit_script
 
 
+def test_the_engine_scripts_pass_shellcheck() -> None:
+    """deploy/: the local images, the wheelhouse, podman's healthchecks (run for real by tests/test_engine.py)."""
+    scripts = sorted((REPO / "deploy").rglob("*.sh"))
+    assert len(scripts) >= 4, scripts
+    done = subprocess.run([tool("shellcheck"), *map(str, scripts)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_slurm_script_passes_bash_n_and_shellcheck() -> None:
     assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, check=False).returncode == 0
     done = subprocess.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -70,7 +71,9 @@ def test_compose_up_trains_replaces_a_killed_cell_and_comes_down_clean(engine: E
     volumes_before = set(engine.podman("volume", "ls", "-q").split())
     engine.watch_health(project)
     try:
+        started = time.monotonic()
         engine.compose(project, env, "up", "-d", "--build", timeout=1500)
+        print(f"compose up --build: {time.monotonic() - started:.0f} s")
 
         def experiment() -> dict | None:
             try:
@@ -87,6 +90,7 @@ def test_compose_up_trains_replaces_a_killed_cell_and_comes_down_clean(engine: E
 
         # Kill a container that hosts cells: its cells go to the spare and the run goes on.
         summary = experiment()
+        assert summary["state"] == "running" and summary["records"] < ITERATIONS * 9, summary
         hosts = {worker.split("-")[0] for worker in summary["cells"].values()}
         victim = next(c for c in engine.containers(project, "cell") if c["Id"][:12] in hosts)
         engine.podman("kill", victim["Id"])
@@ -99,6 +103,7 @@ def test_compose_up_trains_replaces_a_killed_cell_and_comes_down_clean(engine: E
             timeout=900,
         )
         assert finished["state"] == "finished", finished
+        print(f"up to the experiment's end: {time.monotonic() - started:.0f} s")
         assert victim["Id"][:12] not in {w.split("-")[0] for w in finished["cells"].values()}, finished
         (submit,) = engine.containers(project, "submit", all=True)
         assert submit["ExitCode"] == 0, engine.logs(submit["Id"])
