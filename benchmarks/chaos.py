@@ -28,7 +28,9 @@ one). Then it lets the last experiment finish and judges:
 kill as above; a partition (`--partition-seconds`, 30: the service's links to RabbitMQ and Redis —
 TCP forwarders of tests/faults.py, one pair a service — drop every byte both ways while both ends
 live; for a server, everyone's links to it); or a pause (SIGSTOP of its process tree for
-`--pause-seconds`, three heartbeat TTLs by default, then SIGCONT). A cell worker cut off or frozen
+`--pause-seconds`, three heartbeat TTLs by default, then SIGCONT); or a half-open link (the
+servers' side of the service's connections closed, its own left open and unanswered, until its
+AMQP heartbeat or Redis timeout notices; for a server, everyone's). A cell worker cut off or frozen
 past its TTL has its cells handed to spares and comes back a stale owner: its snapshots (older
 epoch), records, checkpoints and Done are refused, and the orchestrator tells it to stop (the
 verdict reports the orchestrator's counters).
@@ -65,7 +67,7 @@ from faults import tree as descendants  # noqa: E402
 from servers import Servers, free_port, listening  # noqa: E402
 
 KINDS = ("cell", "orchestrator", "scorer", "dashboard", "redis", "rabbitmq")
-FAULTS = ("kill", "partition", "pause")
+FAULTS = ("kill", "partition", "pause", "half-open")
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ class Fleet:
         # With partitions among the faults: each service reaches RabbitMQ and Redis through links of
         # its own (tests/faults.py), which the driver can cut; kept across its restarts.
         self.links: dict[str, dict[str, Link]] = {}
-        self.partitions = "partition" in args.faults
+        self.partitions = bool({"partition", "half-open"} & set(args.faults))
 
     # -- starting --
 
@@ -203,6 +205,15 @@ class Fleet:
                 link.heal()
             else:
                 link.cut()
+
+    def half_open(self, name: str) -> int:
+        """The servers' side of `name`'s connections closed, its own left open and unanswered (for a
+        server, everyone's connections to it); returns how many."""
+        if name in ("rabbitmq", "redis"):
+            links = [service[name] for service in self.links.values()]
+        else:
+            links = list(self._links(name).values())
+        return sum(link.half_open() for link in links)
 
     def start_all(self) -> None:
         for i in range(self.args.blocks):
@@ -463,7 +474,9 @@ class Driver:
         servers drop every byte for --partition-seconds, then carry again): the service lives on,
         and when it comes back a cell worker finds its cells handed to spares (a stale owner)."""
         name, fault = entry["service"], entry["fault"]
-        seconds = self.args.partition_seconds if fault == "partition" else self.args.pause_seconds or 3 * self.args.ttl
+        seconds = {"partition": self.args.partition_seconds, "half-open": 0.0}.get(
+            fault, self.args.pause_seconds or 3 * self.args.ttl
+        )
         worker = ""
         if entry["kind"] == "cell":
             _cells, generation = self.fleet.workers[name]
@@ -473,16 +486,18 @@ class Driver:
         frozen: list[int] = []
         if fault == "pause":
             frozen = pause(self.fleet.pid(name))
+        elif fault == "half-open":
+            entry["connections"] = self.fleet.half_open(name)
         else:
             self.fleet.cut(name)
         try:
-            if held:  # its cells go to spares once its heartbeat expires, while it is away
+            if held and seconds:  # its cells go to spares once its heartbeat expires, while it is away
                 entry["handed_over_s"] = self.replaced(worker, started, started + seconds, before["id"])
             time.sleep(max(0.0, started + seconds - time.time()))
         finally:
             if fault == "pause":
                 resume(frozen)
-            else:
+            elif fault == "partition":
                 self.fleet.cut(name, heal=True)
         entry.update(seconds=seconds, worker=worker, cells_lost=len(held))
         # Back: the fault's length plus the time it takes to serve again (a service's health).

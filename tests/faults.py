@@ -5,6 +5,12 @@
   switch or a firewall losing packets: TCP retransmits, so nothing arrives and nothing is lost;
   neither side learns of it until its own timeouts fire) and new connections get no answer;
   `heal()` lets traffic through again, what was held first.
+- `delay(seconds)`: every byte arrives that much later, both ways, in order (a long or congested
+  path); `throttle(bytes_per_second)`: each direction carries at most that many (a slow link).
+- `half_open()`: the server side of every current connection is closed — the server sees its
+  client go — while the client's socket stays open and whatever it sends vanishes, answered by
+  nothing (a NAT or firewall that forgot the flow, a peer that rebooted): only the client's own
+  heartbeat or timeout can tell it. New connections go through as usual.
 - `pause(pid)` / `resume(pid)`: SIGSTOP / SIGCONT of a process and its descendants (a kernel that
   froze it, a GC, a VM migration): it wakes up believing no time has passed.
 
@@ -30,6 +36,10 @@ class Link:
         self.partitioned = False
         self.connections = 0  # carried through to the server, in all
         self.held = 0  # connections that arrived while cut (answered once healed, if still there)
+        self.latency = 0.0  # seconds added to every byte, each way
+        self.rate = 0.0  # bytes a second, each way; 0: unbounded
+        self._upstreams: dict[asyncio.StreamWriter, asyncio.StreamWriter] = {}  # server side → client side
+        self._blackholed: set[asyncio.StreamWriter] = set()  # client sides whose server side is gone
         self._loop = asyncio.new_event_loop()
         self._open = asyncio.Event()  # set while healed; the link's own loop waits on it
         self._ready = threading.Event()
@@ -55,6 +65,30 @@ class Link:
     def heal(self) -> None:
         self.partitioned = False
         self._loop.call_soon_threadsafe(self._open.set)
+
+    def delay(self, seconds: float) -> None:
+        self.latency = seconds
+
+    def throttle(self, bytes_per_second: float) -> None:
+        self.rate = bytes_per_second
+
+    def half_open(self) -> int:
+        """Close the server side of every current connection, keep the client side silently open;
+        returns how many."""
+
+        closed = []
+
+        def close() -> None:
+            for upstream, client in list(self._upstreams.items()):
+                self._blackholed.add(client)
+                upstream.close()
+                closed.append(client)
+            done.set()
+
+        done = threading.Event()
+        self._loop.call_soon_threadsafe(close)
+        done.wait(10)
+        return len(closed)
 
     def stop(self) -> None:
         def close() -> None:
@@ -90,16 +124,48 @@ class Link:
             writer.close()
             return
         self.connections += 1
-        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+        self._upstreams[upstream_writer] = writer
+        try:
+            await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+        finally:
+            self._upstreams.pop(upstream_writer, None)
+            self._blackholed.discard(writer)
 
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-            while data := await source.read(65536):
-                await self._open.wait()  # held while cut: the senders' buffers fill, nothing is lost
-                sink.write(data)
-                await sink.drain()
-        with contextlib.suppress(Exception):
-            sink.close()
+        """Bytes from source to sink, each `latency` s after it was read, at most `rate` a second.
+        A reader and a sender, so that latency delays bytes without slowing them down."""
+        chunks: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                while data := await source.read(65536):
+                    chunks.put_nowait((self._loop.time(), data))
+            chunks.put_nowait(None)
+
+        async def send() -> None:
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                while (chunk := await chunks.get()) is not None:
+                    read_at, data = chunk
+                    if (wait := read_at + self.latency - self._loop.time()) > 0:
+                        await asyncio.sleep(wait)
+                    await self._open.wait()  # held while cut: the senders' buffers fill, nothing is lost
+                    if sink.is_closing():  # half-open: its server side is gone; the client's bytes vanish
+                        continue
+                    step = max(1, int(self.rate / 20)) if self.rate else len(data)
+                    for start in range(0, len(data), step):  # a twentieth of a second's worth at a time
+                        if self.rate:
+                            await asyncio.sleep(step / self.rate)
+                        sink.write(data[start : start + step])
+                        await sink.drain()
+            if sink not in self._blackholed:  # a half-open client side stays open, silent
+                with contextlib.suppress(Exception):
+                    sink.close()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            await send()
+        finally:
+            reader.cancel()
 
 
 def tree(pid: int) -> list[int]:

@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, AbstractRobustConnection
@@ -28,6 +29,19 @@ DEAD_EXCHANGE = "palomino.dead"
 DEAD_QUEUE = "palomino.dead-letters"
 EVENTS_EXCHANGE = "palomino.events"
 NAMESPACED_EXPIRY_MS = 24 * 3600 * 1000  # a namespace's durable queues go a day after their last user
+# AMQP heartbeat, seconds, where the URL names none (`?heartbeat=N` wins). RabbitMQ's own 60 s
+# leaves a client behind a half-open link (a NAT or firewall that forgot the flow) deaf for about
+# three minutes before aiormq notices ((60 + 1) × 3 s); at 15 s it is under a minute, and the
+# broker drops a client silent for 30 s, longer than any worker's liveness TTL allows it to live.
+HEARTBEAT = 15
+
+
+def with_heartbeat(url: str) -> str:
+    """`url` with Palomino's heartbeat, unless it names one."""
+    parts = urlsplit(url)
+    if "heartbeat" in parse_qs(parts.query):
+        return url
+    return urlunsplit(parts._replace(query="&".join(q for q in (parts.query, f"heartbeat={HEARTBEAT}") if q)))
 
 
 class InFlight:
@@ -56,6 +70,7 @@ async def connect(url: str, timeout: float = 10.0, deadline: float = CONNECT_DEA
     full jitter: the storm spreads out rather than returning in step), until `deadline` seconds
     have passed (PALOMINO_CONNECT_DEADLINE); a bad URL or bad credentials fail at once."""
     log.debug("connecting to RabbitMQ at %s", redact(url))
+    url = with_heartbeat(url)
     started, tries = time.monotonic(), 0
     while True:
         tries += 1
