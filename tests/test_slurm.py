@@ -222,12 +222,10 @@ def test_scancel_mid_run_leaves_checkpoints_that_resume(cluster: SlurmCluster, t
         newest[cell_name(coord)] = checkpoint.iteration
 
     # `palomino train --resume` continues it in one process from those checkpoints, to a few
-    # iterations past the newest. The two tasks' patches stopped at different iterations, and a
-    # tile resumes its cells in lockstep from the one all of them reached: one cell at a time here.
+    # iterations past the newest. The two tasks' patches stopped at different iterations: with
+    # `tiles: auto` the resume trains one cell at a time, each from its own checkpoint.
     iterations = max(newest.values()) + 2
-    done = palomino(
-        "train", "--resume", run_path, "--set", f"training.iterations={iterations}", "--set", "tiles=off", cwd=tmp_path
-    )
+    done = palomino("train", "--resume", run_path, "--set", f"training.iterations={iterations}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no valid checkpoint" not in done.stderr, done.stderr[-3000:]
     assert last_line(done.stdout) == str(run_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import signal
 import sys
 from collections import Counter
@@ -304,6 +305,32 @@ def test_resume_after_kill(tmp_path: Path) -> None:
     (listed,) = [json.loads(line) for line in shown.stdout.splitlines()]
     assert listed["state"] == "finished" and listed["iterations_done"] == iterations
     assert listed["best_score"] is not None and listed["path"] == str(run)
+
+
+def test_cells_stopped_at_different_iterations_resume_each_from_its_own_checkpoint(tmp_path: Path) -> None:
+    """As a distributed run's workers leave it (scancel, a node lost): one cell's newest checkpoint
+    is older than every one the others kept. A tile would move them in lockstep from the oldest,
+    which the others have pruned, and start them again from 0; `tiles: auto` resumes them untiled."""
+    raw = tiny(training={"iterations": 4, "sample_every": 0, "checkpoint_every": 1, "checkpoint_keep": 2})
+    assert raw.get("tiles", "auto") == "auto"
+    config = write_yaml(tmp_path / "c.yaml", raw)
+    done = palomino("train", config, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = Path(last_line(done.stdout))
+    behind = tmp_path / "0-0"
+    shutil.copytree(run / "checkpoints" / "0-0", behind)  # iterations 3 and 4
+    more = palomino("train", "--resume", run, "--set", "training.iterations=6", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    shutil.rmtree(run / "checkpoints" / "0-0")
+    shutil.copytree(behind, run / "checkpoints" / "0-0")  # the others kept 5 and 6 only
+    shutil.rmtree(run / "result")
+
+    result = palomino("train", "--resume", run, "--set", "training.iterations=8", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starts again from iteration 0" not in result.stderr
+    assert "untiled, each from its own checkpoint" in " ".join(result.stderr.split())
+    assert_complete(run, 8)
+    assert_finished(run)
 
 
 @pytest.mark.slow

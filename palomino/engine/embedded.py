@@ -22,7 +22,7 @@ from palomino.data import Dataset
 from palomino.engine.hosting import host_cells
 from palomino.engine.loop import LoopSettings
 from palomino.grid import ClassGrid, Coord, Topology, cell_name, partition_grid
-from palomino.runs.checkpoints import newest_valid, write_checkpoint
+from palomino.runs.checkpoints import Checkpoint, newest_valid, write_checkpoint
 from palomino.runs.directory import RunDirectory
 from palomino.runs.finish import cell_result, ensemble_result
 from palomino.runs.grid_ensemble import Features
@@ -88,9 +88,15 @@ def layout(config: ExperimentConfig) -> tuple[Topology, dict[Coord, Topology | C
     }
 
 
-def restore_cells(run: RunDirectory, cells: list[Cell], synchronous: bool) -> None:
+def newest_checkpoints(run: RunDirectory, cells: list[Cell]) -> dict[Coord, Checkpoint | None]:
+    return {cell.coord: newest_valid(run.checkpoint_dir(cell.coord)) for cell in cells}
+
+
+def restore_cells(
+    run: RunDirectory, cells: list[Cell], synchronous: bool, newest: dict[Coord, Checkpoint | None] | None = None
+) -> None:
     """Each cell from its newest valid checkpoint (synchronous runs: none newer than the slowest cell's)."""
-    newest = {cell.coord: newest_valid(run.checkpoint_dir(cell.coord)) for cell in cells}
+    newest = newest if newest is not None else newest_checkpoints(run, cells)
     at_most = None
     if synchronous:
         at_most = min((c.iteration if c else 0) for c in newest.values())
@@ -134,8 +140,15 @@ async def train_embedded(
     ]
     tiled = use_tile(config, cells)
     if resume:
-        # A tile's cells move in lockstep: each resumes from the iteration all of them reached.
-        restore_cells(run, cells, config.training.synchronous or tiled)
+        newest = newest_checkpoints(run, cells)
+        reached = {c.iteration if c else 0 for c in newest.values()}
+        if tiled and config.tiles == "auto" and len(reached) > 1 and not config.training.synchronous:
+            # A distributed run's workers stopped at different iterations, and a tile's cells move in
+            # lockstep from the iteration all of them reached, which the faster cells may have pruned
+            # (they would start again from 0): one cell at a time, each from its own newest.
+            log.info("resuming cells at iterations %d to %d: untiled, each from its own checkpoint", min(reached), max(reached))  # fmt: skip
+            tiled = False
+        restore_cells(run, cells, config.training.synchronous or tiled, newest)
         if on_restored:
             on_restored(sum(cell.iteration for cell in cells))
     else:
