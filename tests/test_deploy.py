@@ -715,7 +715,7 @@ def test_every_platform_runs_the_compose_commands(tmp_path: Path, chart: Chart) 
     sbatch = SBATCH.read_text()
     launched = {}
     for line in sbatch.replace("\\\n", " ").splitlines():
-        if m := re.search(r'^(?:run_dir=\$\(.*)?\bapp (\w+)(.*)|^srun .*"\$\{cell\[@\]\}"(.*)', line):
+        if m := re.search(r'^(?:run_dir=\$\(.*|(?:\w+=\S+ )+)?\bapp (\w+)(.*)|^srun .*"\$\{cell\[@\]\}"(.*)', line):
             name, args = (m.group(1), m.group(2)) if m.group(1) else ("cell", m.group(3))
             args = re.split(r"\s+", args.split(">")[0].split(")")[0].strip())
             launched[name] = ["palomino", name, *[a for a in args if a]]
