@@ -194,13 +194,15 @@ class Fleet:
         url = self.servers.redis_url
         return self._links(name)["redis"].url(url) if self.partitions else url
 
+    def links_of(self, name: str) -> list[Link]:
+        """`name`'s links to both servers, or, for a server, everyone's links to it."""
+        if name in ("rabbitmq", "redis"):
+            return [service[name] for service in self.links.values()]
+        return list(self._links(name).values())
+
     def cut(self, name: str, heal: bool = False) -> None:
         """Partition `name` from both servers (or, for a server, everyone from it); `heal` mends."""
-        if name in ("rabbitmq", "redis"):
-            links = [service[name] for service in self.links.values()]
-        else:
-            links = list(self._links(name).values())
-        for link in links:
+        for link in self.links_of(name):
             if heal:
                 link.heal()
             else:
@@ -209,11 +211,7 @@ class Fleet:
     def half_open(self, name: str) -> int:
         """The servers' side of `name`'s connections closed, its own left open and unanswered (for a
         server, everyone's connections to it); returns how many."""
-        if name in ("rabbitmq", "redis"):
-            links = [service[name] for service in self.links.values()]
-        else:
-            links = list(self._links(name).values())
-        return sum(link.half_open() for link in links)
+        return sum(link.half_open() for link in self.links_of(name))
 
     def start_all(self) -> None:
         for i in range(self.args.blocks):
