@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU figures (issues 22, 34) in one call on a lent GPU host (its python has torch and nothing else of
-# ours): the tile's steps for K = 1 … 576 MNIST perceptron cells, a 12×12 grid's whole iterations by
-# phase, the tile's steps for K = 1, 9, 36 MNIST DCGANs (width 64), the referee's baselines stacked,
-# the one-cell loop for reference, the ops counted, and a real `palomino train` of a 12×12 MNIST grid.
+# ours): the tile's steps for K = 1, 9, 36, 144 MNIST perceptron cells eager and compiled (issue 48), a
+# 12×12 grid's whole iterations by phase (eager, compiled, compiled with TF32 products), the tile's steps
+# for K = 1, 9, 36 MNIST DCGANs (width 64), the referee's baselines stacked, the one-cell loop for
+# reference, the ops and launches counted, and a real `palomino train` of a 12×12 MNIST grid (compiled:
+# `compile: auto` on a GPU).
 # Tables go to stdout and to $OUT (or ./gpu-out).
 #
 # Before the call, on the development machine: `bash benchmarks/gpu.sh prepare` puts wheels of what
@@ -91,20 +93,30 @@ if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iter
   run lipizzaner-table python3 benchmarks/lipizzaner.py --table-only --out "$out/lipizzaner"
   exit $failed
 fi
-run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
+# Each K's batch eager and compiled (config `compile`: its ms a batch, × eager, the seconds compiling took).
+run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]:0:4}" --batches "$batches" --rounds "$rounds" --device "$DEVICE" --compile
 run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"
 # The same grid with TF32 products (float32 matmuls on tensor cores, inputs rounded to 10 mantissa bits): how far
 # cheaper products take the 12×12 run towards its 15 minutes, before the referee weighs the change.
 run tiles-grid-tf32 python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE" --matmul-precision high
+# The grid's whole iterations with its batches compiled, in float32 and with TF32 products.
+run tiles-grid-compiled python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE" --compile
+if [ "$DEVICE" != cpu ]; then  # TF32 is a mode of CUDA's tensor cores
+  run tiles-grid-compiled-tf32 python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE" --compile --matmul-precision high
+fi
 # Lipizzaner's faithful grid (the seeds' 12×12 row, issue 47), 80 batches an iteration (a pass of its data):
 # its seconds an iteration by phase, projected to its 16,000 batches a cell: does the row fit a call?
 run tiles-grid-lipizzaner python3 benchmarks/tiles.py --model lipizzaner --cells --grid "$grid" --batches $((batches * 4 / 5)) \
   --iterations "$iterations" --project 16000 --device "$DEVICE"
+run tiles-grid-lipizzaner-compiled python3 benchmarks/tiles.py --model lipizzaner --cells --grid "$grid" --batches $((batches * 4 / 5)) \
+  --iterations "$iterations" --project 16000 --device "$DEVICE" --compile
 run tiles-dcgan python3 benchmarks/tiles.py --model dcgan --width "$width" --cells "${cells[@]:0:3}" --batches "$batches" --rounds "$rounds" --device "$DEVICE"
 run baselines python3 benchmarks/tiles.py --model ring --cells --baselines "${cells[@]:0:4}" --batches $((batches * 2)) --rounds "$rounds" --device "$DEVICE"
 run step-throughput python3 benchmarks/step_throughput.py --device "$DEVICE" --batches "$batches" --rounds "$rounds" --network mlp
 # Ops and host syncs of one whole iteration (the same on any device: counted, not timed).
 run tiles-count python3 benchmarks/tiles.py --count-ops --cells "${cells[@]:0:3}" --batches "$batches" --device "$DEVICE" --json "$out/tiles-count.json"
+# What a batch launches, eager against compiled (the profiler's leaf events that compute).
+run tiles-launches python3 benchmarks/tiles.py --count-ops --compile --cells "${cells[@]:0:2}" --batches "$batches" --device "$DEVICE"
 # A real `palomino train` of the grid (MNIST's test split; the quick form: the ring toy), its seconds an
 # iteration read from its metrics.jsonl and projected to 120,000 batches a cell.
 train_sets=(--set "grid.rows=$grid" --set "grid.cols=$grid" --set "device=$DEVICE" --set "training.iterations=$((iterations + 1))"

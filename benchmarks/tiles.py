@@ -73,7 +73,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from palomino.baselines import Budget, train_independent
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile, _split
-from palomino.coevolution.tile_training import Lane, train_tile
+from palomino.coevolution.tile_training import Lane, TileData, train_tile
 from palomino.config import DataConfig, ExperimentConfig
 from palomino.config.loading import load_config
 from palomino.data import Dataset, data_dir, load_dataset
@@ -177,7 +177,8 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
         "lipizzaner": "MNIST perceptrons (hidden 256) in Lipizzaner's faithful mode",
     }.get(args.model, f"MNIST {args.model.upper()}s (28×28, width {args.width})")
     print(f"\nsteps: {args.batches} batches of 100 per cell, {what}, {args.rounds} rounds (median)")
-    print(f"{'K':>5} {'tiled m·b/s':>12} {'alone m·b/s':>12} {'ratio':>7} {'tiled ms/batch':>15}")
+    compiled_head = f" {'compiled ms/batch':>18} {'× eager':>8} {'compiling s':>12}" if args.compile else ""
+    print(f"{'K':>5} {'tiled m·b/s':>12} {'alone m·b/s':>12} {'ratio':>7} {'tiled ms/batch':>15}{compiled_head}")
     for k in args.cells:
         rows, cols = SHAPES.get(k, (1, k))
         cells = make_cells(make_config(rows, cols, args.batches, args.device, args.model, args.width), dataset)
@@ -195,9 +196,16 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
             alone_s.append(one * k / len(alone))
         tiled, by_one = statistics.median(tiled_s), statistics.median(alone_s)
         rate = k * args.batches
+        compiled = ""
+        if args.compile:  # the same lanes through the compiled steps (tile_compiled.py), compiled first
+            data = TileData(compiled=True)
+            first = clock.time(lambda lanes=lanes, data=data: train_tile(lanes, data))
+            times = [clock.time(lambda lanes=lanes, data=data: train_tile(lanes, data)) for _ in range(args.rounds)]
+            fast = statistics.median(times)
+            compiled = f" {1000 * fast / args.batches:>18.2f} {tiled / fast:>7.2f}× {first - fast:>12.1f}"
         print(
             f"{k:>5} {rate / tiled:>12,.0f} {rate / by_one:>12,.0f} {by_one / tiled:>6.1f}× "
-            f"{1000 * tiled / args.batches:>15.2f}"
+            f"{1000 * tiled / args.batches:>15.2f}{compiled}"
             + ("" if len(alone) == k else f"   (one by one: {len(alone)} cells, scaled)")
         )
 
@@ -205,6 +213,7 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
 def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     side = args.grid
     config = make_config(side, side, args.batches, args.device, args.model, args.width)
+    config = config.model_copy(update={"compile": "on" if args.compile else "off"})  # not auto: say which
     cells = make_cells(config, dataset)
     tile = Tile(cells)
     phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
@@ -238,7 +247,8 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     per = total / args.iterations
     iterations = math.ceil(args.project / args.batches)
     print(
-        f"\ngrid {side}×{side} ({len(cells)} cells), {args.batches} batches per iteration, {args.iterations} iterations:"
+        f"\ngrid {side}×{side} ({len(cells)} cells), {args.batches} batches per iteration, {args.iterations} iterations"
+        f"{', compiled' if args.compile else ''}:"
     )
     for name, seconds in phases.items():
         print(f"  {name:<9} {seconds / args.iterations:8.3f} s/iteration  ({seconds / total:5.1%})")
@@ -389,6 +399,44 @@ def count_ops(args: argparse.Namespace, dataset: Dataset) -> None:
         print(f"written: {args.json}")
 
 
+# What the profiler records that launches no kernel on a device: views, allocations, metadata, and
+# torch.compile's own bookkeeping around a compiled region.
+NOT_LAUNCHES = {
+    "aten::as_strided", "aten::resolve_conj", "detach", "aten::detach", "aten::view", "aten::_unsafe_view",
+    "aten::reshape", "aten::_reshape_alias", "aten::alias", "aten::empty", "aten::empty_strided", "aten::flatten",
+    "aten::result_type", "aten::_has_compatible_shallow_copy_type", "aten::to", "aten::t", "aten::transpose",
+    "aten::unsqueeze", "aten::expand", "aten::squeeze", "aten::select", "aten::slice", "aten::unbind",
+    "aten::split", "aten::lift_fresh", "TorchDynamo Cache Lookup", "Pregraph bytecode",
+    "AOTDispatcher Runtime Wrapper Prologue",
+}  # fmt: skip
+
+
+def count_launches(args: argparse.Namespace, dataset: Dataset) -> None:
+    """A tile's training batch, eager against compiled: the profiler's leaf events that compute (an
+    aten op, an inductor kernel, an extern matmul), what a GPU would launch — a projection, counted
+    on any device; and the host syncs (`aten::item`, `_local_scalar_dense`) among them."""
+    torch._inductor.config.cpp.enable_kernel_profile = True  # CPU kernels show in the profile by name
+    print(f"\nlaunches: one training call of a K-cell tile ({args.batches} batches), per batch, {args.model} networks")
+    print(f"{'K':>5} {'eager':>8} {'compiled':>9} {'ratio':>6} {'syncs eager/compiled':>21}")
+    for k in args.cells:
+        r, c = SHAPES.get(k, (1, k))
+        lanes = lanes_of(make_cells(make_config(r, c, args.batches, args.device, args.model, args.width), dataset))
+        counts = []
+        for compiled in (False, True):
+            data = TileData(compiled=compiled)
+            train_tile(lanes, data)  # compiles; allocations
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                train_tile(lanes, data)
+            leaves = [e for e in profile.events() if not e.cpu_children and e.name not in NOT_LAUNCHES]
+            syncs = sum(e.name == "aten::_local_scalar_dense" for e in leaves)
+            counts.append((len(leaves) - syncs, syncs))
+        (eager, eager_syncs), (fused, fused_syncs) = counts
+        print(
+            f"{k:>5} {eager / args.batches:>8.1f} {fused / args.batches:>9.1f} {eager / fused:>5.1f}× "
+            f"{eager_syncs:>10} / {fused_syncs:<9}"
+        )
+
+
 def halves(lanes: list[Lane]) -> list[list[Lane]]:
     """A tile's lanes in two stacks, split as Tile splits them for two workers."""
     return _split(lanes, 2)
@@ -482,6 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         help="MNIST's perceptrons (in Lipizzaner's faithful mode: lipizzaner), the toys' or MNIST DCGANs/SNGANs",
     )
     parser.add_argument("--width", type=int, default=64, help="dcgan/sngan: base channel count")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="steps: also the compiled tile; grid: the grid with compile on; --count-ops: launches, eager and compiled",
+    )
     parser.add_argument("--count-ops", action="store_true", help="count ops and host syncs per iteration instead")
     parser.add_argument(
         "--parallel", action="store_true", help="a tile's training in one thread, two threads and two processes"
@@ -518,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {device}; clock: {'wall' if clock.read is time.perf_counter else 'process CPU time'}{precision}")
     print(f"data: {described}")
     if args.count_ops:
-        count_ops(args, dataset)
+        count_launches(args, dataset) if args.compile else count_ops(args, dataset)
         return 0
     if args.half is not None:
         train_half(args, dataset)

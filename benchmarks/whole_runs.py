@@ -10,6 +10,11 @@ CPU seconds (user + sys) of both, and the ratio baseline / now.
     .venv/bin/python benchmarks/whole_runs.py examples/ring-3x3.yaml --set training.iterations=20
     PALOMINO_DATA_DIR=… .venv/bin/python benchmarks/whole_runs.py examples/mnist-regions-3x3.yaml \\
         --set training.iterations=20 --set data.dir=$PALOMINO_DATA_DIR/mnist --set data.split=test
+    .venv/bin/python benchmarks/whole_runs.py --compile               # compile off / on, this checkout
+
+`--compile` compares this checkout with itself instead: each example with `compile: off`, then
+`compile: on` with an empty compile cache (the first run on a machine pays every compilation),
+then `on` again with the cache the previous run left (what every later run pays).
 
 Run it alone: two cores shared with anything else make every figure slower by an unknown share.
 The worktree is made in a temporary folder and removed after.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,12 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXAMPLES = ("examples/ring-3x3.yaml", "examples/grid-4x4.yaml")
 
 
-def train(checkout: Path, example: str, sets: list[str], out: Path) -> tuple[float, float]:
+def train(
+    checkout: Path, example: str, sets: list[str], out: Path, env: dict[str, str] | None = None
+) -> tuple[float, float]:
     """One whole `palomino train` of `example` with `checkout`'s code: (wall s, CPU s of the child)."""
     args = [sys.executable, "-m", "palomino.cli", "train", example, "--out", str(out)]
     for item in sets:
         args += ["--set", item]
-    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(args, cwd=checkout, env=env, capture_output=True, text=True, check=False)
@@ -52,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("examples", nargs="*", default=list(DEFAULT_EXAMPLES), help="example files, from the root")
     parser.add_argument("--baseline", default="18f502c", help="the revision to compare with (a commit or tag)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--compile", action="store_true", help="compile off against on (cold and warm cache)")
     args = parser.parse_args(argv)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    if args.compile:
+        return compare_compile(args.examples, args.sets, head.stdout.strip())
     with tempfile.TemporaryDirectory(prefix="palomino-whole-runs-") as tmp:
         baseline = Path(tmp) / "baseline"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(baseline), args.baseline], cwd=ROOT, check=True)
@@ -70,6 +81,27 @@ def main(argv: list[str] | None = None) -> int:
                 )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
+    return 0
+
+
+def compare_compile(examples: list[str], sets: list[str], head: str) -> int:
+    """Each example with compile off, on from an empty cache, and on again from that cache."""
+    with tempfile.TemporaryDirectory(prefix="palomino-whole-runs-") as tmp:
+        cache = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
+        print(f"compile off against on, this checkout ({head}); --set {sets}")
+        print(
+            f"{'example':<34} {'off wall':>9} {'on, cold':>9} {'ratio':>6} {'on, warm':>9} {'ratio':>6} {'CPU s off/cold/warm':>20}"
+        )
+        for example in examples:
+            shutil.rmtree(cache["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+            off = train(ROOT, example, [*sets, "compile=off"], Path(tmp) / "off")
+            cold = train(ROOT, example, [*sets, "compile=on"], Path(tmp) / "cold", cache)
+            warm = train(ROOT, example, [*sets, "compile=on"], Path(tmp) / "warm", cache)
+            print(
+                f"{example:<34} {off[0]:>8.1f}s {cold[0]:>8.1f}s {off[0] / cold[0]:>5.2f}× {warm[0]:>8.1f}s "
+                f"{off[0] / warm[0]:>5.2f}× {off[1]:>6.1f}/{cold[1]:.1f}/{warm[1]:.1f}",
+                flush=True,
+            )
     return 0
 
 

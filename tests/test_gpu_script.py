@@ -48,16 +48,22 @@ def test_the_gpu_script_runs_every_stage_on_a_cpu(tmp_path: Path) -> None:
         "tiles-steps",
         "tiles-grid",
         "tiles-grid-tf32",
+        "tiles-grid-compiled",
         "tiles-grid-lipizzaner",
+        "tiles-grid-lipizzaner-compiled",
         "tiles-dcgan",
         "baselines",
         "step-throughput",
         "tiles-count",
+        "tiles-launches",
         "train-grid",
     ):
         text = (tmp_path / f"{stage}.txt").read_text()
         assert "Traceback" not in text, f"{stage}:\n{text[-2000:]}"
     assert "s/iteration" in (tmp_path / "tiles-grid.txt").read_text()
+    assert "compiled ms/batch" in (tmp_path / "tiles-steps.txt").read_text()
+    assert ", compiled:" in (tmp_path / "tiles-grid-compiled.txt").read_text()
+    assert "compiled" in (tmp_path / "tiles-launches.txt").read_text()
     assert "projected to 16,000 batches per cell" in (tmp_path / "tiles-grid-lipizzaner.txt").read_text()
     assert "float32 products: high precision" in (tmp_path / "tiles-grid-tf32.txt").read_text()
     assert "s/iteration" in (tmp_path / "train-grid-speed.txt").read_text()  # a real palomino train, timed

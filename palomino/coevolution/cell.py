@@ -120,7 +120,9 @@ class Cell:
         self.mixture_weights: dict[str, float] = {str(self.coord): 1.0}
         self.score = float("nan")
         self.data = CellData(dataset, self.rng, self.device, labelled=self.conditional)
-        self.training = Training(config.training, self.data, self.rng, self.torch_rng, config.network.latent_dim)
+        self.training = Training(
+            config.training, self.data, self.rng, self.torch_rng, config.network.latent_dim, config.precision
+        )
         self._features: torch.nn.Module | None = None  # mixture.score fid: Lipizzaner's CNN, once needed
 
     def relocate(self, coord: Coord, topology: Topology | ClassGrid) -> None:

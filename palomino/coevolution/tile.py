@@ -49,6 +49,12 @@ def use_tile(config: ExperimentConfig, cells: Sequence[Cell]) -> bool:
     return all(stackable(network) for network in networks) and size <= CPU_TILE_PARAMETERS
 
 
+def use_compile(config: ExperimentConfig, device: torch.device) -> bool:
+    """Whether a tile trains its batches compiled (tile_compiled.py): `compile: on`, or `auto` on a
+    GPU. On this project's 2-core CPU compiling cost more than it saved (docs/speed.md)."""
+    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
+
+
 class Tile:
     """`workers` > 1 (a CPU's cores): the cells' own halves run side by side in threads and the
     training in as many stacks, each on one torch thread — a lane depends on no other lane,
@@ -73,7 +79,9 @@ class Tile:
                 raise ValueError(f"cell {cell.coord}: its networks have no stacked form; train it with tiles: off")
         self.cells = list(cells)
         self.workers = max(1, min(workers, len(self.cells)))
-        self.data = [TileData() for _ in range(self.workers)]  # each stack's data, kept on the device
+        compiled = use_compile(first.config, first.device)
+        strict = first.config.compile == "on"
+        self.data = [TileData(compiled, strict) for _ in range(self.workers)]  # each stack's data, kept on the device
         self.batched = first.device.type != "cpu" if batched is None else batched
         self.exact = exact
 

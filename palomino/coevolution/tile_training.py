@@ -22,9 +22,11 @@ from palomino.coevolution.cell_data import CellData
 from palomino.coevolution.individual import Individual
 from palomino.coevolution.plan import IterationPlan
 from palomino.coevolution.schedule import decay_factor
+from palomino.coevolution.tile_compiled import CompiledBatch, compilable
 from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
 from palomino.nn.host import upload
+from palomino.nn.precision import matmul_precision
 from palomino.nn.stack_layout import StackLayout, layout_of
 from palomino.nn.stacked import gather, stack, stack_buffers, stacked_gradient_penalty
 from palomino.nn.stacked_adam import StackedAdam
@@ -57,9 +59,11 @@ def train_tile(lanes: list[Lane], data: TileData | None = None) -> list[Steps]:
     by_size: dict[int, list[int]] = {}
     for index, lane in enumerate(lanes):
         by_size.setdefault(lane.batch_size, []).append(index)
-    for indices in by_size.values():
-        for index, result in zip(indices, _Lockstep([lanes[i] for i in indices], data).run()):
-            steps[index] = result
+    first = lanes[0].training
+    with matmul_precision(first.precision, first.data.device):
+        for indices in by_size.values():
+            for index, result in zip(indices, _Lockstep([lanes[i] for i in indices], data).run()):
+                steps[index] = result
     return [s for s in steps if s is not None]
 
 
@@ -100,10 +104,12 @@ class _Role:
             lane_of.extend([lane] * len(members))
         return cls(individuals, lane_of, first)
 
-    def frozen(self, index: list[int], on_device: Tensor) -> dict[str, Tensor]:
+    def frozen(self, index: list[int], on_device: Tensor, by_chance: bool = True) -> dict[str, Tensor]:
         """The members at `index` (`on_device`: the same, on the device) as opponents: no gradient
-        flows back into them."""
-        if index == list(range(len(self.individuals))):
+        flows back into them. `by_chance` false: no copy saved only where every lane has one
+        member (a compiled step's inputs keep one layout for the run; a copy's differs)."""
+        single = len(self.first) == len(self.individuals)
+        if index == list(range(len(self.individuals))) and (by_chance or single):
             return self.detached  # each member's opponent is its lane's only one (population 1): no copy
         return gather(self.detached, on_device)
 
@@ -210,9 +216,20 @@ class TileData:
     once however many lanes share it), with each lane's offset into it. Kept between iterations:
     a tile builds it once, and again only when a lane's data changes (a relocated cell)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False, strict: bool = True) -> None:
         self._datas: list[CellData] = []  # held, so that no other object can take their ids
         self._value: tuple[Tensor, Tensor | None, list[int]] | None = None
+        self.compiled = compiled  # train through tile_compiled.py where the networks allow
+        self.strict = strict  # a compiler failure is an error (compile: on), else eager (auto)
+        self._batches: dict[int, CompiledBatch] = {}  # a batch size's compiled steps, kept for the run
+
+    def compiled_batch(self, batch: int, g: _Role, d: _Role, losses: list[str]) -> CompiledBatch | None:
+        """The compiled steps for stacks of this batch size (built on first use), or None: eager."""
+        if not (self.compiled and compilable(g.layout, d.layout)):
+            return None
+        if batch not in self._batches:
+            self._batches[batch] = CompiledBatch(g.layout, d.layout, [get_loss(name) for name in losses], self.strict)
+        return self._batches[batch]
 
     def of(self, lanes: list[Lane]) -> tuple[Tensor, Tensor | None, list[int]]:
         datas = [lane.training.data for lane in lanes]
@@ -263,6 +280,8 @@ class _Lockstep:
             for role, members in (("g", self.g), ("d", self.d))
         }
         self.rates = _upload_all(scaled, self.device)
+        self.compiled = data.compiled_batch(lanes[0].batch_size, self.g, self.d, self.config.losses)
+        self.weights = self._loss_weights() if self.compiled and len(self.compiled.losses) > 1 else None
         self.g_losses: list[tuple[Tensor, list[bool]]] = []
         self.d_losses: list[tuple[Tensor, list[bool]]] = []
 
@@ -303,12 +322,36 @@ class _Lockstep:
 
     # ---- the stacked steps ---------------------------------------------------------------------
 
+    def _loss_weights(self) -> dict[str, Tensor]:
+        """A compiled tile whose members draw different losses: each step's (losses, members)
+        table of ones where a member's loss is, for both roles, sent in one copy."""
+        assert self.compiled is not None
+        tables, count = self.tables, len(self.compiled.losses)
+        out = {}
+        for role, names in (("g", tables.g_losses), ("d", tables.d_losses)):
+            table = np.zeros((tables.count, count, len(names[0]) if names else 0), np.float32)
+            for step, row in enumerate(names):
+                for member, loss in enumerate(self.compiled.index(row)):
+                    if loss >= 0:
+                        table[step, loss, member] = 1.0
+            out[role] = table
+        dtype = self.g.params[self.g.layout.names[0]].dtype
+        return {role: value.to(dtype) for role, value in _upload_all(out, self.device).items()}
+
     def _generator_step(self, step: int, active: list[bool]) -> Tensor:
         tables, index = self.tables, self.tables.on_device
         z = tables.noise[index["g_noise"][step]]
         labels = None if tables.labels is None else tables.labels[index["g_label"][step]]
-        fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, active))
         opponents = tables.g_opponents[step]
+        if self.compiled is not None:
+            params = self.d.frozen(opponents, index["g_opponent"][step], by_chance=False)
+            weights = None if self.weights is None else self.weights["g"][step]
+            values, total = self.compiled.generator_step(
+                self.g.params, params, z, labels, weights, tables.active_on["g"][step]
+            )
+            self._compiled_update(self.g, total, tables.active_on["g"][step], self.rates["g"][step])
+            return values.detach()
+        fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, active))
         params = self.d.frozen(opponents, index["g_opponent"][step])
         logits = self.d.layout.forward(params, fake, labels, self.d.use(opponents, active))
         losses = tables.g_losses[step]
@@ -323,6 +366,14 @@ class _Lockstep:
         real = tables.samples[batch]  # each member's lane's batch
         labels = None if tables.labels is None else tables.labels[batch]
         opponents = tables.d_opponents[step]
+        if self.compiled is not None and self.compiled.discriminator_step is not None:
+            params = self.g.frozen(opponents, index["d_opponent"][step], by_chance=False)
+            weights = None if self.weights is None else self.weights["d"][step]
+            values, total = self.compiled.discriminator_step(
+                self.d.params, params, z, real, labels, weights, tables.active_on["d"][step]
+            )
+            self._compiled_update(self.d, total, tables.active_on["d"][step], self.rates["d"][step])
+            return values.detach()
         with torch.no_grad():
             params = self.g.frozen(opponents, index["d_opponent"][step])
             fake = self.g.layout.forward(params, z, labels, self.g.use(opponents, active))
@@ -366,6 +417,11 @@ class _Lockstep:
         total = values.sum() if everyone else (values * mask).sum()
         grads = torch.autograd.grad(total, list(role.params.values()))
         role.adam.step(dict(zip(role.params, grads)), rates, mask)
+
+    def _compiled_update(self, role: _Role, total: Tensor, active: Tensor, rates: Tensor) -> None:
+        assert self.compiled is not None
+        grads = torch.autograd.grad(total, list(role.params.values()))
+        role.adam.step_with(self.compiled.adam_step, grads, rates, active)
 
     def _collect(self, role: _Role, history: list[tuple[Tensor, list[bool]]], name: str) -> None:
         """Each lane's step losses in Training.run's order (step by step, member by member), as

@@ -15,6 +15,7 @@ from palomino.coevolution.schedule import decay_factor
 from palomino.config import TrainingConfig
 from palomino.nn import apply, get_loss, host
 from palomino.nn.host import upload
+from palomino.nn.precision import matmul_precision
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Training:
     rng: np.random.Generator
     torch_rng: torch.Generator
     latent_dim: int
+    precision: str = "float32"  # the steps' matrix products (palomino/nn/precision.py)
 
     def batches_per_iteration(self) -> int:
         return self.config.batches_per_iteration or max(1, len(self.data) // self.config.batch_size)
@@ -105,28 +107,29 @@ class Training:
         batches = upload(torch.from_numpy(plan.batches), device)  # the iteration's batches in one copy
         label_rows = None if plan.label_draws is None else upload(torch.from_numpy(plan.label_draws), device)
         steps = Steps()
-        for step, drawn in enumerate(plan.steps):
-            real, real_labels = self.data.take(batches[step])
-            loss = get_loss(drawn.loss)
-            steps.losses_used[drawn.loss] += 1
-            for ind, move in zip(new_g, drawn.generators):
-                ind.set_learning_rate(move.rate, scale)
-                opponent = pool_d[move.opponent]
-                labels = None
-                if move.labels is not None and label_rows is not None and self.data.labels is not None:
-                    labels = self.data.labels[label_rows[move.labels]]
-                value = loss.generator(
-                    apply(opponent.network, apply(ind.network, plan.noise[move.noise], labels), labels)
-                )
-                steps.generator.append(_step(ind, value, params[id(ind)], drawn.loss))
-            for ind, move in zip(new_d, drawn.discriminators):
-                ind.set_learning_rate(move.rate, scale)
-                opponent = pool_g[move.opponent]
-                with torch.no_grad():
-                    fake = apply(opponent.network, plan.noise[move.noise], real_labels)
-                eps = None if move.eps is None or plan.eps is None else plan.eps[move.eps]
-                value = loss.discriminator(ind.network, real, fake, labels=real_labels, eps=eps)
-                steps.discriminator.append(_step(ind, value, params[id(ind)], drawn.loss))
+        with matmul_precision(self.precision, device):
+            for step, drawn in enumerate(plan.steps):
+                real, real_labels = self.data.take(batches[step])
+                loss = get_loss(drawn.loss)
+                steps.losses_used[drawn.loss] += 1
+                for ind, move in zip(new_g, drawn.generators):
+                    ind.set_learning_rate(move.rate, scale)
+                    opponent = pool_d[move.opponent]
+                    labels = None
+                    if move.labels is not None and label_rows is not None and self.data.labels is not None:
+                        labels = self.data.labels[label_rows[move.labels]]
+                    value = loss.generator(
+                        apply(opponent.network, apply(ind.network, plan.noise[move.noise], labels), labels)
+                    )
+                    steps.generator.append(_step(ind, value, params[id(ind)], drawn.loss))
+                for ind, move in zip(new_d, drawn.discriminators):
+                    ind.set_learning_rate(move.rate, scale)
+                    opponent = pool_g[move.opponent]
+                    with torch.no_grad():
+                        fake = apply(opponent.network, plan.noise[move.noise], real_labels)
+                    eps = None if move.eps is None or plan.eps is None else plan.eps[move.eps]
+                    value = loss.discriminator(ind.network, real, fake, labels=real_labels, eps=eps)
+                    steps.discriminator.append(_step(ind, value, params[id(ind)], drawn.loss))
         return steps
 
 

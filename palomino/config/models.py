@@ -524,6 +524,16 @@ class ExperimentConfig(_Strict):
         description="train a process's cells in lockstep as one tile, weights stacked (docs/tiles.md): auto = "
         "where it pays (every network on a GPU; small mlp on a CPU), on = always, off = one cell at a time",
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="a tile's training batch through torch.compile (docs/speed.md): auto = on a GPU only (on a CPU "
+        "compiling cost more than it saved), on, off; compiled and eager agree to float rounding",
+    )
+    precision: Literal["float32", "tf32", "bf16"] = Field(
+        "float32",
+        description="the training steps' matrix products: float32; tf32 (CUDA's tensor cores, float32 storage); "
+        "bf16 (autocast; weights and Adam stay float32)",
+    )
     grid: GridConfig = Field(default_factory=GridConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -538,11 +548,20 @@ class ExperimentConfig(_Strict):
             raise ValueError("device must be 'cpu' or 'cuda[:N]'")
         return value
 
-    @field_validator("tiles", mode="before")
+    @field_validator("tiles", "compile", mode="before")
     @classmethod
     def _tiles_word(cls, value: Any) -> Any:
         # YAML 1.1 reads a bare on/off as true/false: take them as the words they were.
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _tf32_on_cuda(self) -> ExperimentConfig:
+        if self.precision == "tf32" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"precision: tf32 is a mode of CUDA's tensor cores, and device is {self.device}; "
+                "use float32 or bf16 there, or device: cuda"
+            )
+        return self
 
     @model_validator(mode="after")
     def _fid_on_digits(self) -> ExperimentConfig:

@@ -8,7 +8,7 @@ the same arithmetic as torch's single-tensor Adam (weight decay 0, no amsgrad).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -87,6 +87,24 @@ class StackedAdam:
             self.exp_avg_sq = torch.where(keep, exp_avg_sq, self.exp_avg_sq)
             self.flat.sub_(update.masked_fill_(~keep, 0.0))
         self.steps = steps
+
+    @torch.no_grad()
+    def step_with(
+        self, kernel: Callable[..., Tensor], grads: Sequence[Tensor], learning_rates: Tensor, active: Tensor
+    ) -> None:
+        """`step`'s update through `kernel` (tile_compiled.masked_adam, compiled): `grads` in
+        `params`' order, `active` (M,) a mask however many members step."""
+        self.steps = kernel(
+            self.flat,
+            self.exp_avg,
+            self.exp_avg_sq,
+            self.steps,
+            list(grads),
+            learning_rates,
+            active,
+            self.betas,
+            self.eps,
+        )
 
     @torch.no_grad()
     def member_states(self, kept: Sequence[bool], taken: Sequence[int]) -> list[list[dict[str, Tensor]]]:

@@ -1,0 +1,159 @@
+"""A tile's training batch through torch.compile (config `compile`; tile_training.py calls it).
+
+Three compiled functions a stack, built once and kept between iterations: the generators' step
+(their forward, the opponents' forward, the losses, the masked sum), the discriminators' step
+(the opponents' samples, real and fake logits, the losses) and the stacked Adam update of every
+member. Autograd's backward of the first two is compiled with them (AOTAutograd); the gradient
+is taken between them, outside, because torch.compile does not trace `torch.autograd.grad`.
+
+Nothing a batch decides on the host reaches a compiled function as a Python value, so no batch
+recompiles after the first: which members step is a mask tensor (all true when everyone does),
+and where a batch's members draw different losses (Mustangs) each member's loss is picked by a
+(losses, members) weight table of ones and zeros. The eager path is tile_training.py's own, and
+its numbers are unchanged; compiled ones agree with it to float rounding (tests/test_compile.py).
+
+Left eager: WGAN-GP's discriminator step (its penalty differentiates a gradient, and compiled
+autograd has no double backward) and the convolutional stacks (their BatchNorm and spectral-norm
+buffers advance per member from host-side lists).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from palomino.cache import cache_root
+from palomino.nn import GanLoss
+from palomino.nn.stacked import Params, StackedMLP
+
+log = logging.getLogger(__name__)
+
+
+def keep_compiled_code() -> None:
+    """Inductor's compiled kernels in Palomino's cache folder, kept between runs (a run on
+    the same networks then loads them instead of compiling again): set unless the user chose
+    a folder (TORCHINDUCTOR_CACHE_DIR)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "torchinductor"))
+
+
+def compilable(g_layout: object, d_layout: object) -> bool:
+    """Whether a stack's networks take the compiled path: the perceptrons (no buffers)."""
+    return isinstance(g_layout, StackedMLP) and isinstance(d_layout, StackedMLP)
+
+
+class CompiledBatch:
+    """The compiled steps of one stack of perceptrons trained on `losses` (the run's losses, in a
+    fixed order: a member's weight row picks its own)."""
+
+    def __init__(
+        self, g_layout: StackedMLP, d_layout: StackedMLP, losses: Sequence[GanLoss], strict: bool = True
+    ) -> None:
+        """`strict` false (`compile: auto`): a function that fails to compile runs eager, with a warning."""
+        keep_compiled_code()
+        self.losses = list(losses)
+        self.g_layout, self.d_layout = g_layout, d_layout
+        compile_ = _compiler(strict)
+        self.generator_step = compile_(self._generator_values)
+        penalised = any(loss.gp_weight for loss in self.losses)
+        self.discriminator_step = None if penalised else compile_(self._discriminator_values)
+        self.adam_step = compile_(masked_adam)
+
+    def index(self, names: Sequence[str]) -> list[int]:
+        """Each name's row in the weight tables ("": an inactive member, no row)."""
+        order = [loss.name for loss in self.losses]
+        return [order.index(name) if name else -1 for name in names]
+
+    def _generator_values(
+        self, g: Params, d: Params, z: Tensor, labels: Tensor | None, weights: Tensor | None, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        fake = self.g_layout.forward(g, z, labels)
+        logits = self.d_layout.forward(d, fake, labels)
+        values = _chosen([loss.generator(logits) for loss in self.losses], weights)
+        return values, (values * mask).sum()
+
+    def _discriminator_values(
+        self,
+        d: Params,
+        g: Params,
+        z: Tensor,
+        real: Tensor,
+        labels: Tensor | None,
+        weights: Tensor | None,
+        mask: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        with torch.no_grad():
+            fake = self.g_layout.forward(g, z, labels)
+        real_logits = self.d_layout.forward(d, real, labels)
+        fake_logits = self.d_layout.forward(d, fake, labels)
+        values = _chosen([loss.discriminator_from_logits(real_logits, fake_logits) for loss in self.losses], weights)
+        return values, (values * mask).sum()
+
+
+def _chosen(per_loss: list[Tensor], weights: Tensor | None) -> Tensor:
+    """Each member's value under its own loss: the only loss, or the weight table's pick."""
+    if weights is None:
+        return per_loss[0]
+    return (torch.stack(per_loss) * weights).sum(0)
+
+
+def masked_adam(
+    flat: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: Tensor,
+    grads: list[Tensor],
+    rates: Tensor,
+    active: Tensor,
+    betas: tuple[float, float],
+    eps: float,
+) -> Tensor:
+    """StackedAdam.step's arithmetic for the members where `active` (M,) holds, in place on the
+    stacked weights and moments; returns the new step counts. Written once, masked, so that a
+    batch where everyone steps and one where some rest run the same compiled code."""
+    beta1, beta2 = betas
+    steps = steps + active.to(steps.dtype)
+    counted = steps.clamp(min=1.0)
+    size = (rates.to(steps) / (1 - beta1**counted)).to(flat.dtype)[:, None]
+    correction = (1 - beta2**counted).sqrt().to(flat.dtype)[:, None]
+    grad = torch.cat([g.flatten(1) for g in grads], dim=1)
+    avg = exp_avg.lerp(grad, 1 - beta1)
+    avg_sq = exp_avg_sq.mul(beta2).addcmul(grad, grad, value=1 - beta2)
+    update = avg.mul(size).div(avg_sq.sqrt().div(correction).add(eps))
+    keep = active[:, None]
+    exp_avg.copy_(torch.where(keep, avg, exp_avg))
+    exp_avg_sq.copy_(torch.where(keep, avg_sq, exp_avg_sq))
+    flat.sub_(update.masked_fill(~keep, 0.0))
+    return steps
+
+
+def _compiler(strict: bool) -> Callable[[Callable], Callable]:
+    """torch.compile as a tile uses it: one whole graph a function (a graph break is an error,
+    not a silent slow path) and static shapes (a tile's shapes are fixed for the run). Not
+    `strict`: a first call that fails (no C++ compiler, no Triton, an inductor bug) falls back to
+    the eager function for the run; it fails before it computes anything, so nothing is lost."""
+
+    def compile_(function: Callable) -> Callable:
+        compiled = torch.compile(function, fullgraph=True, dynamic=False)
+        if strict:
+            return compiled
+        chosen: list[Callable] = []  # set by the first call: compiled, or the function itself
+
+        def call(*args: object) -> object:
+            if chosen:
+                return chosen[0](*args)
+            try:
+                out = compiled(*args)
+            except Exception as error:  # noqa: BLE001 — any compiler failure: say so, train eager
+                log.warning("compile: auto could not compile %s, which trains eager: %s", function.__name__, error)
+                chosen.append(function)
+                return function(*args)
+            chosen.append(compiled)
+            return out
+
+        return call
+
+    return compile_
