@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import palomino, tiny, write_yaml
+from test_tiles import CASES as TILE_CASES
 from test_tiles import assert_same_cells, assert_same_reports, make_cells, neighbourhoods, ring64
 
 from palomino.coevolution.tile import Tile, use_compile
@@ -27,24 +28,10 @@ from palomino.config import load_config, parse_config
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
 PERCEPTRONS = [e for e in EXAMPLES if load_config(e).network.name == "mlp"]  # the compiled stacks
 
-CASES = [
-    pytest.param({}, id="minimax"),
-    pytest.param(
-        {"training": {"losses": ["minimax", "nonsaturating", "mse", "wgan_gp"], "batches_per_iteration": 6}},
-        id="mustangs-mixture-with-wgan-gp",
-    ),
-    pytest.param(
-        {
-            "training": {
-                "population_size": 2,
-                "mutation": {"probability": 1.0, "alpha": 0.5},
-                "discriminator_skip_each_nth_step": 1,
-            }
-        },
-        id="population-2-mutated-rates-skip",
-    ),
-    pytest.param({"network": {"conditional": True, "minibatch_std": True}}, id="conditional-minibatch-std"),
-]
+# test_tiles.py's cases that take different compiled paths.
+COMPILED_PATHS = {"minimax-default", "mustangs-mixture", "population-2-mutated-rates-skip", "conditional-minibatch-std"}
+CASES = [case for case in TILE_CASES if case.id in COMPILED_PATHS]
+assert len(CASES) == len(COMPILED_PATHS), "a case was renamed in test_tiles.py"
 
 
 def settings(compiled: str, changes: dict[str, Any]) -> Any:
