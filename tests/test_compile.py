@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import palomino, tiny, write_yaml
-from test_tiles import CASES as TILE_CASES
-from test_tiles import assert_same_cells, assert_same_reports, make_cells, neighbourhoods, ring64
+from tile_cases import CASES as TILE_CASES
+from tile_cases import assert_same_cells, assert_same_reports, make_cells, neighbourhoods, ring64
 
 from palomino.coevolution.tile import Tile, use_compile
 from palomino.config import load_config, parse_config
@@ -28,10 +28,10 @@ from palomino.config import load_config, parse_config
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
 PERCEPTRONS = [e for e in EXAMPLES if load_config(e).network.name == "mlp"]  # the compiled stacks
 
-# test_tiles.py's cases that take different compiled paths.
+# The tile's cases (tests/tile_cases.py) that take different compiled paths.
 COMPILED_PATHS = {"minimax-default", "mustangs-mixture", "population-2-mutated-rates-skip", "conditional-minibatch-std"}
 CASES = [case for case in TILE_CASES if case.id in COMPILED_PATHS]
-assert len(CASES) == len(COMPILED_PATHS), "a case was renamed in test_tiles.py"
+assert len(CASES) == len(COMPILED_PATHS), "a case was renamed in tile_cases.py"
 
 
 def settings(compiled: str, changes: dict[str, Any]) -> Any:

@@ -18,40 +18,17 @@ from typing import Any
 import pytest
 import torch
 from conftest import benchmark_module, float32_dataset, palomino, tiny, write_yaml
+from tile_cases import CASES, assert_same_cells, assert_same_reports, config, make_cells, neighbourhoods, ring64
 
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import CPU_TILE_PARAMETERS, Tile, use_tile
-from palomino.config import ExperimentConfig, parse_config
+from palomino.config import parse_config
 from palomino.data import Dataset, load_dataset
-from palomino.grid import Coord, Topology
 from palomino.nn import build_discriminator, build_generator
 from palomino.nn.stack_layout import layout_of, tileable
 from palomino.nn.stacked import StackedMLP, gather, stack, stack_buffers, stackable, unstack
 from palomino.nn.stacked_adam import StackedAdam
 from palomino.nn.stacked_conv import BufferUse, StackedConv
-
-
-def config(**changes: Any) -> ExperimentConfig:
-    base = {"training": {"iterations": 4, "batches_per_iteration": 3, "fitness": {"sample_size": 16}}}
-    return parse_config(tiny(**{**base, **changes}))
-
-
-def ring64() -> Dataset:
-    """The ring toy; make_cells moves the cells' data to the default dtype (float64 in these tests)."""
-    return float32_dataset(config().data)
-
-
-def make_cells(cfg: ExperimentConfig, dataset: Dataset) -> list[Cell]:
-    topology = Topology(cfg.grid.rows, cfg.grid.cols, cfg.grid.neighbourhood)
-    cells = [Cell(Coord(*c), topology, cfg, dataset, experiment="test") for c in topology.cells()]
-    for cell in cells:
-        cell.data.samples = cell.data.samples.to(torch.get_default_dtype())
-    return cells
-
-
-def neighbourhoods(cells: list[Cell]) -> dict[Coord, dict[Coord, Any]]:
-    snapshots = {cell.coord: cell.snapshot() for cell in cells}
-    return {cell.coord: {n: snapshots[n] for n in cell.topology.neighbours(cell.coord)} for cell in cells}
 
 
 def one_by_one(cells: list[Cell], iterations: int) -> list[dict]:
@@ -67,34 +44,6 @@ def tiled(cells: list[Cell], iterations: int, batched: bool | None = None) -> li
     for _ in range(iterations):
         reports += [report.to_json() for report in tile.iterate(neighbourhoods(cells))]
     return reports
-
-
-def assert_same_cells(left: list[Cell], right: list[Cell], tolerance: float = 1e-9) -> None:
-    for a, b in zip(left, right):
-        (ta, ma), (tb, mb) = a.state(), b.state()
-        assert ta.keys() == tb.keys()
-        for key in ta:
-            assert torch.allclose(ta[key].double(), tb[key].double(), rtol=tolerance, atol=tolerance), (a.coord, key)
-        for key in ("iteration", "cursor", "rng", "mixture"):
-            assert ma[key] == pytest.approx(mb[key], rel=tolerance) if key == "mixture" else ma[key] == mb[key], key
-        for name, info in ma["individuals"].items():
-            other = mb["individuals"][name]
-            assert info["learning_rate"] == pytest.approx(other["learning_rate"], rel=1e-12), name
-            assert (info["loss"], info["origin"]) == (other["loss"], other["origin"]), name
-            assert info["fitness"] == pytest.approx(other["fitness"], rel=1e-7), name
-
-
-def assert_same_reports(left: list[dict], right: list[dict]) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right):
-        assert (a["cell"], a["iteration"], a["losses_used"], a["steps"]) == (
-            b["cell"],
-            b["iteration"],
-            b["losses_used"],
-            b["steps"],
-        )
-        for role in ("generator", "discriminator"):
-            assert a[role] == pytest.approx(b[role], rel=1e-7), (a["cell"], role)
 
 
 # ---- the stacked networks ------------------------------------------------------------------------
@@ -239,53 +188,6 @@ def test_stacked_adam_matches_torch_adam_per_member(float64: None) -> None:
 
 
 # ---- a tile against its cells one by one -------------------------------------------------------
-
-CASES = [
-    pytest.param({}, id="minimax-default"),
-    pytest.param({"training": {"losses": ["nonsaturating"]}}, id="nonsaturating"),
-    pytest.param({"training": {"losses": ["mse"]}}, id="mse"),
-    pytest.param({"training": {"losses": ["wgan_gp"], "n_critic": 2, "batches_per_iteration": 4}}, id="wgan-gp"),
-    pytest.param(
-        {"training": {"losses": ["minimax", "nonsaturating", "mse", "wgan_gp"], "batches_per_iteration": 6}},
-        id="mustangs-mixture",
-    ),
-    pytest.param(
-        {
-            "training": {
-                "population_size": 2,
-                "mutation": {"probability": 1.0, "alpha": 0.5},
-                "discriminator_skip_each_nth_step": 1,
-            }
-        },
-        id="population-2-mutated-rates-skip",
-    ),
-    pytest.param(
-        {
-            "training": {
-                "population_size": 2,
-                "selection": {"enabled": False, "opponents": "per_batch"},
-                "mutation": {"probability": 1.0, "alpha": 0.5, "reaches_optimizer": False},
-            }
-        },
-        id="lipizzaner-no-selection-one-opponent-a-batch",
-    ),
-    pytest.param(
-        {
-            "training": {
-                "population_size": 2,
-                "selection": {"replacement": "if_fitter", "opponents": "per_batch"},
-                "mutation": {"probability": 1.0, "alpha": 0.5},
-                "discriminator_skip_each_nth_step": 1,
-            }
-        },
-        id="lipizzaner-if-fitter",
-    ),
-    pytest.param({"network": {"conditional": True, "minibatch_std": True}}, id="conditional-minibatch-std"),
-    pytest.param(
-        {"training": {"data_regions": True, "decay": {"start": 0.25, "final": 0.1}}, "grid": {"rows": 3, "cols": 3}},
-        id="regions-decay-3x3",
-    ),
-]
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["fitness-per-cell", "fitness-batched"])
