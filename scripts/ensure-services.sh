@@ -31,6 +31,8 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)
 # (deploy/local-images.sh), and a one-node Slurm with munge (tests/slurm_cluster.py).
 command -v podman >/dev/null || missing+=(podman)
 command -v crun >/dev/null || missing+=(crun)
+# compose's `init: true`: podman runs catatonit as the container's init (only recommended by podman).
+[ -x /usr/libexec/podman/catatonit ] || missing+=(catatonit)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v slurmctld >/dev/null || missing+=(slurm-wlm)
 command -v munged >/dev/null || missing+=(munge)
