@@ -29,6 +29,7 @@ from torch import Tensor
 from palomino.cache import cache_root
 from palomino.nn import GanLoss
 from palomino.nn.stacked import Params, StackedMLP
+from palomino.nn.stacked_adam import masked_update
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class CompiledBatch:
         self.generator_step = compile_(self._generator_values)
         penalised = any(loss.gp_weight for loss in self.losses)
         self.discriminator_step = None if penalised else compile_(self._discriminator_values)
-        self.adam_step = compile_(masked_adam)
+        self.adam_step = compile_(masked_update)
 
     def index(self, names: Sequence[str]) -> list[int]:
         """Each name's row in the weight tables ("": an inactive member, no row)."""
@@ -98,36 +99,6 @@ def _chosen(per_loss: list[Tensor], weights: Tensor | None) -> Tensor:
     if weights is None:
         return per_loss[0]
     return (torch.stack(per_loss) * weights).sum(0)
-
-
-def masked_adam(
-    flat: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    steps: Tensor,
-    grads: list[Tensor],
-    rates: Tensor,
-    active: Tensor,
-    betas: tuple[float, float],
-    eps: float,
-) -> Tensor:
-    """StackedAdam.step's arithmetic for the members where `active` (M,) holds, in place on the
-    stacked weights and moments; returns the new step counts. Written once, masked, so that a
-    batch where everyone steps and one where some rest run the same compiled code."""
-    beta1, beta2 = betas
-    steps = steps + active.to(steps.dtype)
-    counted = steps.clamp(min=1.0)
-    size = (rates.to(steps) / (1 - beta1**counted)).to(flat.dtype)[:, None]
-    correction = (1 - beta2**counted).sqrt().to(flat.dtype)[:, None]
-    grad = torch.cat([g.flatten(1) for g in grads], dim=1)
-    avg = exp_avg.lerp(grad, 1 - beta1)
-    avg_sq = exp_avg_sq.mul(beta2).addcmul(grad, grad, value=1 - beta2)
-    update = avg.mul(size).div(avg_sq.sqrt().div(correction).add(eps))
-    keep = active[:, None]
-    exp_avg.copy_(torch.where(keep, avg, exp_avg))
-    exp_avg_sq.copy_(torch.where(keep, avg_sq, exp_avg_sq))
-    flat.sub_(update.masked_fill(~keep, 0.0))
-    return steps
 
 
 def _compiler(strict: bool) -> Callable[[Callable], Callable]:

@@ -421,7 +421,7 @@ class _Lockstep:
     def _compiled_update(self, role: _Role, total: Tensor, active: Tensor, rates: Tensor) -> None:
         assert self.compiled is not None
         grads = torch.autograd.grad(total, list(role.params.values()))
-        role.adam.step_with(self.compiled.adam_step, grads, rates, active)
+        role.adam.step(dict(zip(role.params, grads)), rates, active, self.compiled.adam_step)
 
     def _collect(self, role: _Role, history: list[tuple[Tensor, list[bool]]], name: str) -> None:
         """Each lane's step losses in Training.run's order (step by step, member by member), as

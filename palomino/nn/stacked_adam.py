@@ -63,48 +63,32 @@ class StackedAdam:
         return torch.cat([t.flatten(1) for t in tensors], dim=1)
 
     @torch.no_grad()
-    def step(self, grads: Params, learning_rates: Tensor, active: Tensor | None = None) -> None:
-        """One update of every `active` member (all when None) with its own learning rate (M,)."""
-        beta1, beta2 = self.betas
-        steps = self.steps + (1.0 if active is None else active.to(self.steps.dtype))
-        counted = steps.clamp(min=1.0)  # a member that never stepped and is inactive: no 0/0
-        dtype = self.flat.dtype
-        size = (learning_rates.to(self.steps) / (1 - beta1**counted)).to(dtype)[:, None]
-        correction = (1 - beta2**counted).sqrt().to(dtype)[:, None]
-        grad = self._flat([grads[name] for name in self.params])
-        exp_avg, exp_avg_sq = self.exp_avg, self.exp_avg_sq
-        if active is not None:  # inactive members keep their moments: update copies, then choose
-            exp_avg, exp_avg_sq = exp_avg.clone(), exp_avg_sq.clone()
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = exp_avg_sq.sqrt().div_(correction).add_(self.eps)
-        update = exp_avg.mul(size).div_(denom)
-        if active is None:
-            self.flat.sub_(update)
-        else:
-            keep = active[:, None]
-            self.exp_avg = torch.where(keep, exp_avg, self.exp_avg)
-            self.exp_avg_sq = torch.where(keep, exp_avg_sq, self.exp_avg_sq)
-            self.flat.sub_(update.masked_fill_(~keep, 0.0))
-        self.steps = steps
-
-    @torch.no_grad()
-    def step_with(
-        self, kernel: Callable[..., Tensor], grads: Sequence[Tensor], learning_rates: Tensor, active: Tensor
+    def step(
+        self,
+        grads: Params,
+        learning_rates: Tensor,
+        active: Tensor | None = None,
+        update: Callable[..., Tensor] | None = None,
     ) -> None:
-        """`step`'s update through `kernel` (tile_compiled.masked_adam, compiled): `grads` in
-        `params`' order, `active` (M,) a mask however many members step."""
-        self.steps = kernel(
-            self.flat,
-            self.exp_avg,
-            self.exp_avg_sq,
-            self.steps,
-            list(grads),
-            learning_rates,
-            active,
-            self.betas,
-            self.eps,
-        )
+        """One update of every `active` member (all when None) with its own learning rate (M,).
+        With a mask the update is `update` (`masked_update`, or a compiled form of it: a tile
+        under `compile` passes one, and a mask even where every member steps)."""
+        if active is not None:
+            grad = [grads[name] for name in self.params]
+            args = (self.flat, self.exp_avg, self.exp_avg_sq, self.steps, grad, learning_rates, active)
+            self.steps = (update or masked_update)(*args, self.betas, self.eps)
+            return
+        beta1, beta2 = self.betas
+        steps = self.steps + 1.0
+        dtype = self.flat.dtype
+        size = (learning_rates.to(self.steps) / (1 - beta1**steps)).to(dtype)[:, None]
+        correction = (1 - beta2**steps).sqrt().to(dtype)[:, None]
+        grad = self._flat([grads[name] for name in self.params])
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = self.exp_avg_sq.sqrt().div_(correction).add_(self.eps)
+        self.flat.sub_(self.exp_avg.mul(size).div_(denom))
+        self.steps = steps
 
     @torch.no_grad()
     def member_states(self, kept: Sequence[bool], taken: Sequence[int]) -> list[list[dict[str, Tensor]]]:
@@ -132,3 +116,33 @@ class StackedAdam:
                 ]
             )
         return out
+
+
+def masked_update(
+    flat: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: Tensor,
+    grads: list[Tensor],
+    rates: Tensor,
+    active: Tensor,
+    betas: tuple[float, float],
+    eps: float,
+) -> Tensor:
+    """Adam's update for the members where `active` (M,) holds, in place on the stacked weights
+    `flat` and moments (inactive members keep theirs); returns the new step counts. Pure tensor
+    arithmetic, so that tile_compiled.py compiles this same function."""
+    beta1, beta2 = betas
+    steps = steps + active.to(steps.dtype)
+    counted = steps.clamp(min=1.0)  # a member that never stepped and is inactive: no 0/0
+    size = (rates.to(steps) / (1 - beta1**counted)).to(flat.dtype)[:, None]
+    correction = (1 - beta2**counted).sqrt().to(flat.dtype)[:, None]
+    grad = torch.cat([g.flatten(1) for g in grads], dim=1)
+    avg = exp_avg.lerp(grad, 1 - beta1)
+    avg_sq = exp_avg_sq.mul(beta2).addcmul(grad, grad, value=1 - beta2)
+    update = avg.mul(size).div(avg_sq.sqrt().div(correction).add(eps))
+    keep = active[:, None]
+    exp_avg.copy_(torch.where(keep, avg, exp_avg))
+    exp_avg_sq.copy_(torch.where(keep, avg_sq, exp_avg_sq))
+    flat.sub_(update.masked_fill(~keep, 0.0))
+    return steps
