@@ -12,13 +12,12 @@ conditional perceptron with minibatch std.
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import palomino, tiny, write_yaml
+from conftest import merge, palomino, tiny, write_yaml
 from tile_cases import CASES as TILE_CASES
 from tile_cases import assert_same_cells, assert_same_reports, make_cells, neighbourhoods, ring64
 
@@ -35,13 +34,11 @@ assert len(CASES) == len(COMPILED_PATHS), "a case was renamed in tile_cases.py"
 
 
 def settings(compiled: str, changes: dict[str, Any]) -> Any:
-    merged: dict[str, Any] = {
+    base = {
         "compile": compiled,
         "training": {"iterations": 6, "batches_per_iteration": 3, "fitness": {"sample_size": 16}},
     }
-    for section, values in changes.items():
-        merged[section] = {**merged.get(section, {}), **values}
-    return parse_config(tiny(**merged))
+    return parse_config(tiny(**merge(base, changes)))
 
 
 def iterate(tile: Tile, iterations: int, after_first: Any = None) -> list[dict]:
@@ -77,7 +74,9 @@ def test_a_compiled_tile_trains_as_the_eager_tile_and_compiles_once(float64: Non
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", PERCEPTRONS, ids=lambda p: p.stem)
-def test_every_perceptron_example_compiles_in_its_first_iteration_only(example: Path, tmp_path: Path) -> None:
+def test_every_perceptron_example_compiles_in_its_first_iteration_only(
+    example: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Each example as `palomino train` runs it, tiled and compiled, 20 short iterations: every
     compilation happens in the first (on this CPU a tile is two stacks, each compiled), none after."""
     from torch._dynamo.utils import counters
@@ -88,10 +87,7 @@ def test_every_perceptron_example_compiles_in_its_first_iteration_only(example: 
 
     cfg = load_config(example)
     if cfg.data.name == "mnist":
-        from conftest import DATA_DIR_ENV
-
-        if not os.environ.get(DATA_DIR_ENV):
-            pytest.skip(f"MNIST needed: set {DATA_DIR_ENV}")
+        request.getfixturevalue("mnist_dir")  # skips without MNIST (fails under CI)
     shrink = [
         "tiles=on",
         "compile=on",
