@@ -116,19 +116,22 @@ def wait_for_records(stack: Stack, experiment: str, records: int, timeout: float
         time.sleep(0.2)
 
 
-def wait_for_cell_record(run_dir: Path, cell: str, timeout: float = 120) -> None:
-    """Until metrics.jsonl holds an iteration of `cell` ("r-c")."""
+def wait_for_cell_record(run_dir: Path, cell: str, iteration: int = 0, timeout: float = 120) -> None:
+    """Until metrics.jsonl holds iteration `iteration` (or a later one) of `cell` ("r-c")."""
     deadline = time.monotonic() + timeout
-    while cell not in recorded_cells(run_dir / "metrics.jsonl"):
-        assert time.monotonic() < deadline, f"cell {cell} recorded no iteration in {timeout} s"
+    while recorded_cells(run_dir / "metrics.jsonl").get(cell, -1) < iteration:
+        assert time.monotonic() < deadline, f"cell {cell} recorded no iteration {iteration} in {timeout} s"
         time.sleep(0.2)
 
 
-def recorded_cells(metrics: Path) -> set[str]:
-    cells = set()
+def recorded_cells(metrics: Path) -> dict[str, int]:
+    """Each recorded cell's newest recorded iteration."""
+    cells: dict[str, int] = {}
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         try:
-            cells.add("-".join(map(str, json.loads(line)["cell"])))
+            record = json.loads(line)
+            name = "-".join(map(str, record["cell"]))
+            cells[name] = max(cells.get(name, -1), int(record["iteration"]))
         except (ValueError, KeyError, TypeError):
             continue  # a line being written
     return cells
@@ -290,9 +293,10 @@ def test_a_killed_cell_is_replaced_by_a_spare(stack: Stack) -> None:
     summary = wait_for_records(stack, experiment, 6)
     assert summary["state"] == "running"
     victim_cell, victim = sorted(summary["cells"].items())[1]
-    # Six records may all come from the other cells on a loaded machine: the victim must have
-    # published a trained snapshot (it records after publishing) for there to be one to restore.
-    wait_for_cell_record(Path(summary["run_dir"]), victim_cell)
+    # Six records may all come from the other cells on a loaded machine. A cell records an iteration,
+    # then publishes its snapshot: its record of iteration 1 means its trained snapshot of iteration 0
+    # is published, so a kill at any moment after leaves a trained snapshot to restore.
+    wait_for_cell_record(Path(summary["run_dir"]), victim_cell, iteration=1)
     stack.kill(victim)
     killed_at = time.monotonic()
     while victim in stack.client.experiment(experiment)["cells"].values():

@@ -1,4 +1,4 @@
-"""One cell's life through the ports: wait for neighbours, iterate, publish, record.
+"""One cell's life through the ports: wait for neighbours, iterate, record, publish.
 
 The embedded trainer runs one of these per cell on one event loop; the cell service
 runs exactly one with the RabbitMQ/Redis adapters. The loop cannot tell which.
@@ -119,8 +119,10 @@ async def run_cell(
     """
     compute = compute or asyncio.to_thread
     await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
+    began = time.perf_counter()
     await bus.publish(cell.snapshot())
     await heartbeat(liveness, settings)
+    communicated = time.perf_counter() - began
     last = settings.iterations
     silent: set[Coord] = set()
     while cell.iteration < last and not stop.is_set():
@@ -137,12 +139,15 @@ async def run_cell(
         waited = time.perf_counter()
         report = await compute(cell.iterate, neighbours)
         trained = time.perf_counter()
+        record = report.to_json()
+        record["seconds"] = {"wait": waited - started, "train": trained - waited, "communicate": communicated}
+        # The record before the snapshot: every snapshot published is of a recorded iteration, so a
+        # spare resumes from the newest one whenever its cell is killed (killed between the two, the
+        # record goes and the iteration is trained again).
+        await recorder.metrics(record)
         await bus.publish(await compute(cell.snapshot))
         await heartbeat(liveness, settings)
-        published = time.perf_counter()
-        record = report.to_json()
-        record["seconds"] = {"wait": waited - started, "train": trained - waited, "communicate": published - trained}
-        await recorder.metrics(record)
+        communicated = time.perf_counter() - trained
         done = cell.iteration
         if due(settings.sample_every, done, last):
             await recorder.samples(cell.coord, done, await compute(cell.samples, settings.sample_count))

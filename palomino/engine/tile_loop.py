@@ -3,7 +3,7 @@
 Every iteration each cell of the tile gathers its neighbours' snapshots of the previous
 iteration (the tile's own cells are never apart, so a synchronous and an asynchronous run
 differ only in how they wait for neighbours hosted elsewhere), the tile iterates them all at
-once, then each cell publishes, reports and checkpoints as it would alone. A record's
+once, then each cell reports, publishes and checkpoints as it would alone. A record's
 `seconds.train` is the tile's whole iteration (shared by its `tile` cells).
 """
 
@@ -35,10 +35,12 @@ async def run_tile(
 ) -> None:
     """Iterate every cell until `settings.iterations` or `stop`; always ends with checkpoints."""
     compute = compute or asyncio.to_thread
+    began = time.perf_counter()
     for cell in tile.cells:
         await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
         await bus.publish(cell.snapshot())
     await heartbeat(liveness, settings)
+    communicated = time.perf_counter() - began
     last = settings.iterations
     silent: dict[Coord, set[Coord]] = {}
     while tile.iteration < last and not stop.is_set():
@@ -64,13 +66,13 @@ async def run_tile(
         waited = time.perf_counter()
         reports = await compute(tile.iterate, {cell.coord: found for cell, found in zip(cells, neighbours)})
         trained = time.perf_counter()
+        seconds = {"wait": waited - started, "train": trained - waited, "communicate": communicated}
+        for report in reports:  # records before snapshots, as in run_cell
+            await recorder.metrics({**report.to_json(), "seconds": seconds, "tile": len(cells)})
         for cell in cells:
             await bus.publish(await compute(cell.snapshot))
         await heartbeat(liveness, settings)
-        published = time.perf_counter()
-        seconds = {"wait": waited - started, "train": trained - waited, "communicate": published - trained}
-        for report in reports:
-            await recorder.metrics({**report.to_json(), "seconds": seconds, "tile": len(cells)})
+        communicated = time.perf_counter() - trained
         done = tile.iteration
         for cell in cells:
             if due(settings.sample_every, done, last):

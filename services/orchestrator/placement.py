@@ -214,8 +214,8 @@ class Placement:
             if self._recorded(experiment, coord, snapshot[1]):  # newer than the checkpoint
                 payload, meta = snapshot[0], {"from": "snapshot", "iteration": snapshot[1]}
                 resumed, chosen = snapshot[1], ("snapshot", snapshot[1])
-            else:  # a cell publishes an iteration's snapshot, then sends its record: killed between the
-                # two, resuming after that iteration would leave it unrecorded for good
+            else:  # a cell records an iteration before publishing its snapshot; a record lost on the
+                # way (or forgotten) would leave that iteration unrecorded for good
                 log.log(level, "cell %s of %s: its newest snapshot (iteration %d) is ahead of its records; not used",
                          coord, experiment.id, snapshot[1] - 1)  # fmt: skip
         if chosen is not None:
