@@ -188,7 +188,7 @@ class Probe:
     def wrap(self, name: str, fn: Callable) -> Callable:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             inside = self._in_mixture
-            if name == "evolve_mixture":
+            if name == "mixture_of":
                 self._in_mixture = True
             sync(self.device)
             start = self.clock()
@@ -197,13 +197,20 @@ class Probe:
             finally:
                 sync(self.device)
                 self.events.append((name, self.clock() - start, inside))
-                if name == "evolve_mixture":
+                if name == "mixture_of":
                     self._in_mixture = False
 
         return wrapper
 
     MODULE_HOOKS = ("fitness_tables", "neighbourhood_select", "replace")  # names cell.py imports
-    CELL_HOOKS = ("_from_snapshot", "_generate", "_train", "_evolve_mixture", "mixture_score", "mixture_of")
+    CELL_HOOKS = (
+        "_from_snapshot",
+        "_generate",
+        "_train",
+        "mixture_draw",
+        "mixture_of",
+        "apply_mixture",
+    )
 
     @contextlib.contextmanager
     def attached(self, cell: Cell) -> Iterator[None]:
@@ -249,11 +256,10 @@ class Probe:
                 out["training (batches)"] += seconds
             elif name == "replace":
                 out["replacement"] += seconds
-            elif name in ("mixture_score", "mixture_of"):
+            elif name == "mixture_of":
                 out["mixture: MMD kernels"] += seconds  # its generate is subtracted below
-            elif name == "evolve_mixture":
-                out["mixture: (1+1)-ES"] += seconds  # mixture_score is subtracted below
-        out["mixture: (1+1)-ES"] -= out["mixture: MMD kernels"]
+            elif name in ("mixture_draw", "apply_mixture"):
+                out["mixture: (1+1)-ES"] += seconds  # the draw and the ES's steps
         out["mixture: MMD kernels"] -= out["mixture: generate"]
         out["other (report, bookkeeping)"] = total - sum(out.values())
         self.events.clear()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from palomino.coevolution import cell_state
+from palomino.coevolution import cell_state, iteration
 from palomino.coevolution.cell_data import CellData, cell_dataset, cell_seed
 from palomino.coevolution.ensemble_search import FrechetScore
 from palomino.coevolution.fitness import aggregate, fitness_tables, generate
@@ -164,20 +164,16 @@ class Cell:
             role, best.network, best.optimizer, meta.learning_rate, meta.fitness, meta.loss, str(cell.coord)
         )
 
-    # ---- the iteration -------------------------------------------------------------------
+    # ---- the iteration: its parts, which iteration.py runs in order ----------------------
 
     def iterate(self, neighbours: Mapping[Coord, Snapshot]) -> IterationReport:
-        """Run one iteration against the given neighbour snapshots (one per neighbour at most)."""
-        selected = self.select(neighbours)
-        steps = self._train(selected.generators, selected.discriminators, (selected.frozen_g, selected.frozen_d))
-        return self.complete(selected, steps)
+        """Run one iteration against the given neighbour snapshots (one per neighbour at most):
+        the one iteration path (iteration.py), for this cell alone."""
+        return iteration.iterate([self], {self.coord: neighbours}, iteration.ONE_BY_ONE)[0]
 
     def select(self, neighbours: Mapping[Coord, Snapshot]) -> Selected:
-        """The iteration up to training: fitness over the neighbourhood, then selection.
-        (A tile calls `prepare` and `choose` for each of its cells around one batched fitness,
-        trains them all at once, then calls `complete`.)"""
-        prepared = self.prepare(neighbours)
-        return self.choose(prepared, *self.fitness(prepared))
+        """The iteration up to training, alone: fitness over the neighbourhood, then selection."""
+        return iteration.select([self], {self.coord: neighbours}, iteration.ONE_BY_ONE)[0]
 
     def prepare(self, neighbours: Mapping[Coord, Snapshot], local: Mapping[Coord, Cell] | None = None) -> Prepared:
         """The neighbourhood as individuals and the iteration's fitness draw: one shared draw of
@@ -272,11 +268,6 @@ class Cell:
         selection = self.config.training.selection
         return selection.enabled and selection.migration > 0
 
-    def complete(self, selected: Selected, steps: Steps) -> IterationReport:
-        """The iteration after training: re-evaluation, replacement, the mixture, the report.
-        (A tile batches the re-evaluation of all its cells and calls `finish` for each.)"""
-        return self.finish(selected, steps, *self.re_evaluate(selected))
-
     def re_evaluate(self, selected: Selected) -> tuple[torch.Tensor, torch.Tensor]:
         """The trained individuals against the neighbourhood again: the trained generators
         against every discriminator, the trained discriminators on every first fake."""
@@ -301,13 +292,6 @@ class Cell:
         trained_d = self._job(selected.draw, [], selected.discriminators, generators_needed=0, fakes=selected.fakes)
         return trained_g, trained_d
 
-    def finish(self, selected: Selected, steps: Steps, g_table: torch.Tensor, d_table: torch.Tensor) -> IterationReport:
-        """Replacement by the re-evaluated fitness, the mixture and the report. (A tile calls the
-        three parts itself, scoring all its cells' mixtures at once.)"""
-        self.replace(selected, g_table, d_table)
-        self._evolve_mixture(selected)
-        return self.conclude(selected, steps)
-
     def replace(self, selected: Selected, g_table: torch.Tensor, d_table: torch.Tensor) -> None:
         """The trained individuals' fitness, then the next local populations."""
         new_g, new_d = selected.generators, selected.discriminators
@@ -326,10 +310,6 @@ class Cell:
         their own, so that it keeps none of the tile's stacks alive."""
         for population in (self.generators, self.discriminators):
             population.individuals = [ind.owning() for ind in population.individuals]
-
-    def _evolve_mixture(self, selected: Selected) -> None:
-        draw = self.mixture_draw(selected)
-        self.apply_mixture(draw, self.mixture_of(draw))
 
     def mixture_draw(self, selected: Selected) -> MixtureDraw:
         """The mixture's components (the new centre and the neighbours heard from), its weights so
@@ -440,6 +420,10 @@ class Cell:
         self, generators: list[Individual], z: torch.Tensor, labels: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
         return generate([g.network for g in generators], z, labels)
+
+    def train(self, selected: Selected) -> Steps:
+        """The selected train against each other (and, without selection, the neighbours' frozen copies)."""
+        return self._train(selected.generators, selected.discriminators, (selected.frozen_g, selected.frozen_d))
 
     def _train(
         self,

@@ -1,9 +1,11 @@
 """A tile: the cells one process hosts on one device, iterated in lockstep.
 
-Each cell still selects, re-evaluates, replaces and evolves its mixture on its own (its
-`select` and `complete`); the tile trains all of them between those two halves as one stack
-(tile_training.py). Outside, nothing changes: each cell keeps its snapshot, checkpoint and
-report, so tiled and untiled processes share a grid and resume each other's checkpoints.
+A tile iterates its cells along the one iteration path (iteration.py) as its `Kernels`: each
+cell still selects, replaces and evolves its mixture on its own, while the tile computes the
+fitness, the training, the re-evaluation and the mixtures' scores of all of them at once, in
+stacks (tile_fitness.py, tile_training.py). Outside, nothing changes: each cell keeps its
+snapshot, checkpoint and report, so tiled and untiled processes share a grid and resume each
+other's checkpoints.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from palomino.coevolution import iteration
 from palomino.coevolution.cell import Cell, IterationReport, MixtureDraw, Prepared, Selected
 from palomino.coevolution.ensemble_search import FrechetScore
+from palomino.coevolution.iteration import Run, Tables
 from palomino.coevolution.mixture_weights import MixtureScore
 from palomino.coevolution.tile_fitness import batchable, generate_each, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile
-from palomino.coevolution.training import read_means
+from palomino.coevolution.training import Steps, read_means
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord
 from palomino.nn.stack_layout import tileable
@@ -91,66 +95,66 @@ class Tile:
         return min(cell.iteration for cell in self.cells)
 
     def iterate(self, neighbours: Mapping[Coord, Mapping[Coord, Snapshot]]) -> list[IterationReport]:
-        """One iteration of every cell; `neighbours[cell]` are that cell's neighbours' snapshots."""
+        """One iteration of every cell (iteration.py, with this tile as its kernels);
+        `neighbours[cell]` are that cell's neighbours' snapshots."""
         with ThreadPoolExecutor(self.workers) as pool:
-            run = pool.map if self.workers > 1 else map
-            local = {cell.coord: cell for cell in self.cells}
-            prepared = list(run(lambda cell: cell.prepare(neighbours[cell.coord], local), self.cells))
-            selected = list(
-                run(
-                    lambda args: args[0].choose(args[1], *args[2], clone=False),
-                    zip(self.cells, prepared, self._fitness(prepared, run)),
-                )
-            )
-            lanes = [
-                Lane(
-                    cell.training,
-                    chosen.generators,
-                    chosen.discriminators,
-                    cell.iteration,
-                    chosen.frozen_g,
-                    chosen.frozen_d,
-                )
-                for cell, chosen in zip(self.cells, selected)
-            ]
-            parts = _split(lanes, self.workers)
-            steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
-            read_means(steps)
-            tables = self._re_evaluate(selected, run)
-            list(run(lambda a: a[0].replace(a[1], *a[2]), zip(self.cells, selected, tables)))
-            draws = list(run(lambda a: a[0].mixture_draw(a[1]), zip(self.cells, selected)))
-            scores = self._mixtures(draws, run)
-            list(run(lambda a: a[0].apply_mixture(*a[1:]), zip(self.cells, draws, scores)))
-            return list(run(lambda a: a[0].conclude(*a[1:]), zip(self.cells, selected, steps)))
+            return iteration.iterate(self.cells, neighbours, self, pool.map if self.workers > 1 else map)
 
-    def _fitness(self, prepared: list[Prepared], run: Callable) -> list[tuple[list[Tensor], Tensor, Tensor]]:
+    # ---- the kernels (iteration.Kernels): the group's costly parts, stacked ----------------
+
+    clones = False  # selection's winners themselves: the training copies them into its stacks
+
+    def local(self, cells: Sequence[Cell]) -> Mapping[Coord, Cell]:
+        """A neighbour of the same tile lends its individuals in place."""
+        return {cell.coord: cell for cell in cells}
+
+    def fitness(self, cells: Sequence[Cell], prepared: list[Prepared], run: Run) -> list[Tables]:
         """Every cell's fitness: as one stacked evaluation per stack where the networks allow
         (tile_fitness.py), else cell by cell."""
 
-        def part_fitness(indices: list[int]) -> list[tuple[list[Tensor], Tensor, Tensor]]:
-            jobs = [self.cells[i].fitness_job(prepared[i]) for i in indices]
+        def part_fitness(indices: list[int]) -> list[Tables]:
+            jobs = [cells[i].fitness_job(prepared[i]) for i in indices]
             if self.batched and batchable(jobs):
                 return [(r.fakes, r.g_table, r.d_table) for r in tile_fitness(jobs, self.exact)]
-            return [self.cells[i].fitness(prepared[i]) for i in indices]
+            return [cells[i].fitness(prepared[i]) for i in indices]
 
-        return self._per_stack(part_fitness, run)
+        return self._per_stack(cells, part_fitness, run)
 
-    def _re_evaluate(self, selected: list[Selected], run: Callable) -> list[tuple[Tensor, Tensor]]:
+    def train(self, cells: Sequence[Cell], selected: list[Selected], run: Run) -> list[Steps]:
+        """Every cell's selected as lanes of the tile's stacks (tile_training.py), their mean
+        losses read back at once."""
+        lanes = [
+            Lane(
+                cell.training,
+                chosen.generators,
+                chosen.discriminators,
+                cell.iteration,
+                chosen.frozen_g,
+                chosen.frozen_d,
+            )
+            for cell, chosen in zip(cells, selected)
+        ]
+        parts = _split(lanes, self.workers)
+        steps = [done for part in run(train_tile, parts, self.data[: len(parts)]) for done in part]
+        read_means(steps)
+        return steps
+
+    def re_evaluate(self, cells: Sequence[Cell], selected: list[Selected], run: Run) -> list[tuple[Tensor, Tensor]]:
         """Every cell's re-evaluation of its trained individuals: batched per stack where the
         networks allow (two reads a stack), else cell by cell."""
 
         def part_tables(indices: list[int]) -> list[tuple[Tensor, Tensor]]:
-            jobs = [self.cells[i].re_evaluation_jobs(selected[i]) for i in indices]
+            jobs = [cells[i].re_evaluation_jobs(selected[i]) for i in indices]
             trained_g, trained_d = [g for g, _ in jobs], [d for _, d in jobs]
             if self.batched and batchable(trained_g) and batchable(trained_d):
                 g_tables = [r.g_table for r in tile_fitness(trained_g, self.exact)]
                 d_tables = [r.d_table for r in tile_fitness(trained_d, self.exact)]
                 return list(zip(g_tables, d_tables))
-            return [self.cells[i].re_evaluate(selected[i]) for i in indices]
+            return [cells[i].re_evaluate(selected[i]) for i in indices]
 
-        return self._per_stack(part_tables, run)
+        return self._per_stack(cells, part_tables, run)
 
-    def _mixtures(self, draws: list[MixtureDraw], run: Callable) -> list[MixtureScore | FrechetScore]:
+    def mixtures(self, cells: Sequence[Cell], draws: list[MixtureDraw], run: Run) -> list[MixtureScore | FrechetScore]:
         """Every cell's mixture score: one batched scoring per stack where allowed (`batched`, one
         architecture of perceptrons, the same numbers of components and samples; MMD or FID), else
         cell by cell."""
@@ -158,20 +162,20 @@ class Tile:
         def part_scores(indices: list[int]) -> list[MixtureScore | FrechetScore]:
             chosen = [draws[i] for i in indices]
             if not (self.batched and _same_mixture(chosen)):
-                return [self.cells[i].mixture_of(draws[i]) for i in indices]
+                return [cells[i].mixture_of(draws[i]) for i in indices]
             networks = [[g.network for g in draw.generators] for draw in chosen]
             labels = None if chosen[0].labels is None else torch.stack([d.labels for d in chosen])  # type: ignore[misc]
             fakes = generate_each(networks, torch.stack([d.z for d in chosen]), labels, self.exact)
             reals = torch.stack([d.real for d in chosen])
-            if self.cells[0].config.training.mixture.score == "mmd":
+            if cells[0].config.training.mixture.score == "mmd":
                 return MixtureScore.from_batch(fakes, reals)
-            return self.cells[indices[0]].frechet_scores(fakes, reals, self.exact)  # fid: on Lipizzaner's CNN
+            return cells[indices[0]].frechet_scores(fakes, reals, self.exact)  # fid: on Lipizzaner's CNN
 
-        return self._per_stack(part_scores, run)
+        return self._per_stack(cells, part_scores, run)
 
-    def _per_stack(self, work: Callable[[list[int]], list[T]], run: Callable) -> list[T]:
+    def _per_stack(self, cells: Sequence[Cell], work: Callable[[list[int]], list[T]], run: Run) -> list[T]:
         """`work` on each stack's cells (their indices, in contiguous runs), results in cell order."""
-        parts = _split(list(range(len(self.cells))), self.workers)
+        parts = _split(list(range(len(cells))), self.workers)
         return [done for part in run(work, parts) for done in part]
 
 

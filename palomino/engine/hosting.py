@@ -18,8 +18,7 @@ import torch
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile
 from palomino.config import ExperimentConfig
-from palomino.engine.loop import LoopSettings, run_cell
-from palomino.engine.tile_loop import Adjust, run_tile
+from palomino.engine.loop import Adjust, LoopSettings, run_cell, run_group
 from palomino.transport import Liveness, Recorder, SnapshotBus
 
 
@@ -60,7 +59,7 @@ async def host_cells(
             groups = [list(g) for _, g in groupby(sorted(cells, key=_at), key=_at)]
             await asyncio.gather(
                 *(
-                    run_tile(Tile(group, workers), bus, liveness, recorder, settings, stop, None, before_iteration)
+                    run_group(Tile(group, workers), bus, liveness, recorder, settings, stop, None, before_iteration)
                     for group in groups
                 )
             )
@@ -79,9 +78,10 @@ async def host_cells(
             relay = asyncio.ensure_future(stop.wait())
             relay.add_done_callback(lambda _: mine.set())
 
-            async def adjust() -> None:
-                if not await before_iteration([cell]):
-                    mine.set()
+            async def adjust(cells: list[Cell]) -> list[Cell]:
+                if not await before_iteration(cells):
+                    mine.set()  # let go: it stops with a checkpoint of where it is
+                return cells
 
             try:
                 await run_cell(cell, bus, liveness, recorder, settings, mine, compute, adjust)

@@ -1,7 +1,8 @@
-"""One cell's life through the ports: wait for neighbours, iterate, record, publish.
+"""A group of cells' life through the ports — a tile, or one cell alone: wait for neighbours,
+iterate, record, publish, checkpoint.
 
-The embedded trainer runs one of these per cell on one event loop; the cell service
-runs exactly one with the RabbitMQ/Redis adapters. The loop cannot tell which.
+The embedded trainer and a cell worker run one loop a tile, or a loop a cell untiled (hosting.py),
+with in-memory or RabbitMQ/Redis adapters. The loop cannot tell which.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from palomino.coevolution import Cell
+from palomino.coevolution.cell import IterationReport
+from palomino.coevolution.tile import Tile
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
 from palomino.grid import Coord
@@ -103,6 +106,24 @@ async def unless_set(work: Awaitable, stop: asyncio.Event):
     return task.result() if task in done else None
 
 
+class Alone:
+    """One cell as a group of its own: its loop, `run_group`'s, is the tile's, its iteration its own."""
+
+    def __init__(self, cell: Cell) -> None:
+        self.cells = [cell]
+
+    @property
+    def iteration(self) -> int:
+        return self.cells[0].iteration
+
+    def iterate(self, neighbours: Mapping[Coord, Mapping[Coord, Snapshot]]) -> list[IterationReport]:
+        return [self.cells[0].iterate(neighbours[self.cells[0].coord])]
+
+
+# Between iterations: the cells to go on with (a service relocates cells or lets some go here).
+Adjust = Callable[[list[Cell]], Awaitable[list[Cell]]]
+
+
 async def run_cell(
     cell: Cell,
     bus: SnapshotBus,
@@ -111,47 +132,82 @@ async def run_cell(
     settings: LoopSettings,
     stop: asyncio.Event,
     compute: Callable[..., Awaitable] | None = None,
-    before_iteration: Callable[[], Awaitable[None]] | None = None,
+    before_iteration: Adjust | None = None,
 ) -> None:
-    """Iterate until `settings.iterations` or `stop`; always ends with a checkpoint.
+    """One cell's loop (`run_group` of the cell alone)."""
+    await run_group(Alone(cell), bus, liveness, recorder, settings, stop, compute, before_iteration)
 
-    `before_iteration` lets a service apply a new layout (relocate, rebind) between iterations.
+
+async def run_group(
+    group: Alone | Tile,
+    bus: SnapshotBus,
+    liveness: Liveness,
+    recorder: Recorder,
+    settings: LoopSettings,
+    stop: asyncio.Event,
+    compute: Callable[..., Awaitable] | None = None,
+    before_iteration: Adjust | None = None,
+) -> None:
+    """Iterate every cell of `group` until `settings.iterations` or `stop`; always ends with
+    checkpoints. A tile's cells go in lockstep: each gathers its neighbours, the tile iterates
+    them all at once, then each reports, publishes and checkpoints as it would alone (a tiled
+    record's `seconds.train` is the tile's whole iteration, shared by its `tile` cells).
+
+    `before_iteration` lets a service apply a new layout (relocate cells, let some go) between
+    iterations: the cells it returns go on; none, and the loop ends without a checkpoint (a
+    cell it must stop with one, it stops through `stop`).
     """
     compute = compute or asyncio.to_thread
-    await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
     began = time.perf_counter()
-    await bus.publish(cell.snapshot())
+    for cell in group.cells:
+        await bus.bind(cell.topology.neighbours(cell.coord), cell.topology.epoch)
+        await bus.publish(cell.snapshot())
     await heartbeat(liveness, settings)
     communicated = time.perf_counter() - began
     last = settings.iterations
-    silent: set[Coord] = set()
-    while cell.iteration < last and not stop.is_set():
+    silent: dict[Coord, set[Coord]] = {}
+    while group.iteration < last and not stop.is_set():
         if before_iteration is not None:
-            await before_iteration()
+            kept = await before_iteration(list(group.cells))
+            if not kept:
+                return  # every cell was let go
             if stop.is_set():
-                break  # let go (a new layout without it) or stopped meanwhile
+                break  # stopped meanwhile: checkpoints below
+            if kept != group.cells:
+                group = Tile(kept, group.workers) if isinstance(group, Tile) else Alone(kept[0])
+        cells = group.cells
         started = time.perf_counter()
-        neighbours = await unless_set(
-            gather_neighbours(cell, bus, settings.synchronous, settings.neighbour_timeout, silent), stop
+        gathering = asyncio.gather(
+            *(
+                gather_neighbours(
+                    cell, bus, settings.synchronous, settings.neighbour_timeout, silent.setdefault(cell.coord, set())
+                )
+                for cell in cells
+            )
         )
+        neighbours = await unless_set(gathering, stop)
         if neighbours is None:
             break  # stopped while waiting (a neighbour may have stopped first)
         waited = time.perf_counter()
-        report = await compute(cell.iterate, neighbours)
+        reports = await compute(group.iterate, {cell.coord: found for cell, found in zip(cells, neighbours)})
         trained = time.perf_counter()
-        record = report.to_json()
-        record["seconds"] = {"wait": waited - started, "train": trained - waited, "communicate": communicated}
-        # The record before the snapshot: every snapshot published is of a recorded iteration, so a
-        # spare resumes from the newest one whenever its cell is killed (killed between the two, the
-        # record goes and the iteration is trained again).
-        await recorder.metrics(record)
-        await bus.publish(await compute(cell.snapshot))
+        seconds = {"wait": waited - started, "train": trained - waited, "communicate": communicated}
+        tiled = {"tile": len(cells)} if isinstance(group, Tile) else {}
+        # The records before the snapshots: every snapshot published is of a recorded iteration, so
+        # a spare resumes from the newest one whenever its cell is killed (killed between the two,
+        # the record goes and the iteration is trained again).
+        for report in reports:
+            await recorder.metrics({**report.to_json(), "seconds": seconds, **tiled})
+        for cell in cells:
+            await bus.publish(await compute(cell.snapshot))
         await heartbeat(liveness, settings)
         communicated = time.perf_counter() - trained
-        done = cell.iteration
-        if due(settings.sample_every, done, last):
-            await recorder.samples(cell.coord, done, await compute(cell.samples, settings.sample_count))
-        if due(settings.checkpoint_every, done, last):
-            await recorder.checkpoint(cell.coord, done, *cell.state())
-    if stop.is_set() and cell.iteration < last:
-        await recorder.checkpoint(cell.coord, cell.iteration, *cell.state())
+        done = group.iteration
+        for cell in cells:
+            if due(settings.sample_every, done, last):
+                await recorder.samples(cell.coord, done, await compute(cell.samples, settings.sample_count))
+            if due(settings.checkpoint_every, done, last):
+                await recorder.checkpoint(cell.coord, done, *cell.state())
+    if stop.is_set() and group.iteration < last:
+        for cell in group.cells:
+            await recorder.checkpoint(cell.coord, cell.iteration, *cell.state())
