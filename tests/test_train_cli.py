@@ -388,7 +388,7 @@ def test_stop_reaches_a_cell_waiting_for_a_stopped_neighbour() -> None:
     from palomino.coevolution import Cell
     from palomino.config import parse_config
     from palomino.data import load_dataset
-    from palomino.engine.loop import LoopSettings, run_cell
+    from palomino.engine.loop import Alone, LoopSettings, run_group
     from palomino.grid import Coord, Topology
     from palomino.transport import InMemoryLiveness, InMemorySnapshotBus
 
@@ -422,7 +422,9 @@ def test_stop_reaches_a_cell_waiting_for_a_stopped_neighbour() -> None:
     async def scenario() -> Recorder:
         bus, liveness, recorder, stop = InMemorySnapshotBus(), InMemoryLiveness(), Recorder(), asyncio.Event()
         settings = {c: LoopSettings(iterations=50, synchronous=True, worker=str(c), checkpoint_every=1) for c in cells}
-        runs = [asyncio.create_task(run_cell(cells[c], bus, liveness, recorder, settings[c], stop)) for c in cells]
+        runs = [
+            asyncio.create_task(run_group(Alone(cells[c]), bus, liveness, recorder, settings[c], stop)) for c in cells
+        ]
         # The fast cell finishes iteration 1 (it needs the slow cell's iteration 0, published before
         # the slow checkpoint) and then waits for the slow cell's iteration 1.
         while (fast, 1) not in recorder.metrics_seen:

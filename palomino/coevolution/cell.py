@@ -7,7 +7,6 @@ No sockets, files or clocks here; runners measure time and move snapshots.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from palomino.coevolution.cell_data import CellData, cell_dataset, cell_seed
 from palomino.coevolution.ensemble_search import FrechetScore
 from palomino.coevolution.fitness import aggregate, fitness_tables, generate
 from palomino.coevolution.individual import Individual, Population, Role
+from palomino.coevolution.iteration import FitnessDraw, IterationReport, MixtureDraw, Prepared, Selected
 from palomino.coevolution.mixture_weights import MixtureScore, evolve_weights
 from palomino.coevolution.networks import NeighbourSlots, Networks
 from palomino.coevolution.selection import neighbourhood_select, replace
@@ -33,41 +33,6 @@ from palomino.nn.stacked import stackable
 from palomino.wire import Snapshot
 
 FEATURE_CHUNK = 32_768  # images a call of the feature net: 0.75 GB of its first activations
-
-
-@dataclass
-class IterationReport:
-    """What one iteration of one cell did: one line of metrics.jsonl (without timings)."""
-
-    iteration: int
-    cell: Coord
-    epoch: int
-    generator: dict[str, float]
-    discriminator: dict[str, float]
-    losses_used: dict[str, int]
-    score: float
-    mixture: dict[str, float]
-    neighbours: dict[str, int]
-    label: int | None = None  # the class of a partitioned run's cell
-    steps: dict[str, int] | None = None  # optimiser steps taken: {"generator": n, "discriminator": m}
-
-    def to_json(self) -> dict[str, Any]:
-        record = {
-            "iteration": self.iteration,
-            "cell": list(self.cell),
-            "epoch": self.epoch,
-            "generator": self.generator,
-            "discriminator": self.discriminator,
-            "losses_used": self.losses_used,
-            "score": self.score,
-            "mixture": self.mixture,
-            "neighbours": self.neighbours,
-        }
-        if self.label is not None:
-            record["class"] = self.label
-        if self.steps is not None:
-            record["steps"] = self.steps
-        return record
 
 
 class Cell:
@@ -476,58 +441,6 @@ class Cell:
 
     def adopt(self, snapshot: Snapshot) -> None:
         cell_state.adopt(self, snapshot)
-
-
-@dataclass
-class Prepared:
-    """An iteration before its fitness: the neighbourhood as individuals (the cell's own first)
-    and the fitness draw."""
-
-    others: list[Coord]  # the neighbours heard from
-    foreign_g: list[Individual]
-    all_g: list[Individual]
-    all_d: list[Individual]
-    draw: FitnessDraw
-    heard: dict[str, int]  # neighbour → the iteration of its snapshot
-
-
-@dataclass
-class Selected:
-    """An iteration between selection and training: the sub-populations to train, and what
-    re-evaluation reuses (the fitness draw, the first fakes)."""
-
-    generators: list[Individual]
-    discriminators: list[Individual]
-    others: list[Coord]  # the neighbours heard from
-    foreign_g: list[Individual]
-    all_d: list[Individual]
-    draw: FitnessDraw
-    fakes: list[torch.Tensor]
-    heard: dict[str, int]  # neighbour → the iteration of its snapshot
-    # Opponents that train nothing (selection off: the neighbours' copies, after the cell's own).
-    frozen_g: list[Individual] = field(default_factory=list)
-    frozen_d: list[Individual] = field(default_factory=list)
-
-
-@dataclass
-class MixtureDraw:
-    """A neighbourhood mixture's components, weights so far, and the samples its score uses."""
-
-    keys: list[str]
-    weights: np.ndarray
-    generators: list[Individual]
-    z: torch.Tensor
-    labels: torch.Tensor | None
-    real: torch.Tensor
-
-
-@dataclass
-class FitnessDraw:
-    """One shared draw for an iteration's fitness: noise, real samples and (conditional) labels."""
-
-    z: torch.Tensor
-    real: torch.Tensor
-    labels: torch.Tensor | None
 
 
 def _report(cell: Cell, steps: Steps, neighbours: dict[str, int]) -> IterationReport:

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from palomino.coevolution import iteration
-from palomino.coevolution.cell import Cell, IterationReport, MixtureDraw, Prepared, Selected
+from palomino.coevolution.cell import Cell
 from palomino.coevolution.ensemble_search import FrechetScore
-from palomino.coevolution.iteration import Run, Tables
+from palomino.coevolution.iteration import IterationReport, MixtureDraw, Prepared, Run, Selected, Tables
 from palomino.coevolution.mixture_weights import MixtureScore
 from palomino.coevolution.tile_fitness import batchable, generate_each, tile_fitness
 from palomino.coevolution.tile_training import Lane, TileData, train_tile

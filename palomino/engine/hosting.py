@@ -18,7 +18,7 @@ import torch
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile
 from palomino.config import ExperimentConfig
-from palomino.engine.loop import Adjust, LoopSettings, run_cell, run_group
+from palomino.engine.loop import Adjust, Alone, LoopSettings, run_group
 from palomino.transport import Liveness, Recorder, SnapshotBus
 
 
@@ -72,7 +72,7 @@ async def host_cells(
 
         async def one(cell: Cell) -> None:
             if before_iteration is None:
-                await run_cell(cell, bus, liveness, recorder, settings, stop, compute)
+                await run_group(Alone(cell), bus, liveness, recorder, settings, stop, compute)
                 return
             mine = asyncio.Event()  # set by `stop`, or when `before_iteration` lets this cell go
             relay = asyncio.ensure_future(stop.wait())
@@ -84,7 +84,7 @@ async def host_cells(
                 return cells
 
             try:
-                await run_cell(cell, bus, liveness, recorder, settings, mine, compute, adjust)
+                await run_group(Alone(cell), bus, liveness, recorder, settings, mine, compute, adjust)
             finally:
                 relay.cancel()
 

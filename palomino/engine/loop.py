@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from palomino.coevolution import Cell
-from palomino.coevolution.cell import IterationReport
+from palomino.coevolution.iteration import IterationReport
 from palomino.coevolution.tile import Tile
 from palomino.config import ExperimentConfig
 from palomino.errors import PalominoError
@@ -122,20 +122,6 @@ class Alone:
 
 # Between iterations: the cells to go on with (a service relocates cells or lets some go here).
 Adjust = Callable[[list[Cell]], Awaitable[list[Cell]]]
-
-
-async def run_cell(
-    cell: Cell,
-    bus: SnapshotBus,
-    liveness: Liveness,
-    recorder: Recorder,
-    settings: LoopSettings,
-    stop: asyncio.Event,
-    compute: Callable[..., Awaitable] | None = None,
-    before_iteration: Adjust | None = None,
-) -> None:
-    """One cell's loop (`run_group` of the cell alone)."""
-    await run_group(Alone(cell), bus, liveness, recorder, settings, stop, compute, before_iteration)
 
 
 async def run_group(
