@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 import torch
 from conftest import benchmark_module, float32_dataset, palomino, tiny, write_yaml
-from tile_cases import CASES, assert_same_cells, assert_same_reports, config, make_cells, neighbourhoods, ring64
+from tile_cases import (
+    CASES,
+    POPULATION_2_MUTATED_SKIP,
+    assert_same_cells,
+    assert_same_reports,
+    config,
+    make_cells,
+    neighbourhoods,
+    ring64,
+)
 
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import CPU_TILE_PARAMETERS, Tile, use_tile
@@ -374,14 +383,7 @@ def images64(labelled: bool = False, shape: tuple[int, ...] = (1, 28, 28)) -> Da
 CONV_CASES = [
     pytest.param({"network": {"name": "dcgan"}}, id="dcgan-minimax"),
     pytest.param(
-        {
-            "network": {"name": "dcgan"},
-            "training": {
-                "population_size": 2,
-                "mutation": {"probability": 1.0, "alpha": 0.5},
-                "discriminator_skip_each_nth_step": 1,
-            },
-        },
+        {"network": {"name": "dcgan"}, "training": POPULATION_2_MUTATED_SKIP},
         id="dcgan-population-2-mutated-rates-skip",
     ),
     pytest.param(

@@ -67,6 +67,14 @@ def assert_same_reports(left: list[dict], right: list[dict]) -> None:
             assert a[role] == pytest.approx(b[role], rel=1e-7), (a["cell"], role)
 
 
+# Two individuals a role, every rate mutated, the discriminator stepping every second batch
+# (the perceptron case here; test_tiles' DCGAN one takes the same).
+POPULATION_2_MUTATED_SKIP = {
+    "population_size": 2,
+    "mutation": {"probability": 1.0, "alpha": 0.5},
+    "discriminator_skip_each_nth_step": 1,
+}
+
 CASES = [
     pytest.param({}, id="minimax-default"),
     pytest.param({"training": {"losses": ["nonsaturating"]}}, id="nonsaturating"),
@@ -76,16 +84,7 @@ CASES = [
         {"training": {"losses": ["minimax", "nonsaturating", "mse", "wgan_gp"], "batches_per_iteration": 6}},
         id="mustangs-mixture",
     ),
-    pytest.param(
-        {
-            "training": {
-                "population_size": 2,
-                "mutation": {"probability": 1.0, "alpha": 0.5},
-                "discriminator_skip_each_nth_step": 1,
-            }
-        },
-        id="population-2-mutated-rates-skip",
-    ),
+    pytest.param({"training": POPULATION_2_MUTATED_SKIP}, id="population-2-mutated-rates-skip"),
     pytest.param(
         {
             "training": {
