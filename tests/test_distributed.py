@@ -272,10 +272,10 @@ def test_lipizzaners_mode_trains_the_same_numbers_distributed_as_in_one_process(
 
     one_process = records("train")
     assert len(one_process) == 20
-    # Known race, not yet found (2026-11-29): about one distributed run in five on this 2-core
-    # machine differs from the first iteration it diverges on (a neighbour's snapshot other than
-    # the synchronous one, it seems). Up to three runs, one of which must match to the last bit:
-    # a distributed mode that never matches still fails here.
+    # About one distributed run in five differed here until a binding cell's catch-up looked at a
+    # last-value queue only once (another neighbour's read hides its one message: the cell then
+    # trained against its neighbour's next snapshot; test_transport_services shows it). Up to three
+    # runs stay, one of which must match to the last bit, until CI has shown no other cause.
     differing = []
     for _ in range(3):
         distributed = records("up", "--cells", "4")

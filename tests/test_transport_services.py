@@ -16,7 +16,7 @@ from palomino.engine.loop import gather_neighbours
 from palomino.errors import TransportError
 from palomino.grid import Coord, Topology
 from palomino.transport import InMemorySnapshotBus
-from palomino.transport.rabbitmq import RabbitSnapshotBus, routing_key
+from palomino.transport.rabbitmq import LAST_VALUE_ARGUMENTS, RabbitSnapshotBus, last_value_queue, routing_key
 from palomino.transport.redis_liveness import RedisLiveness
 from palomino.wire import IndividualMeta, Snapshot, SnapshotHeader, encode_snapshot
 
@@ -113,6 +113,35 @@ async def test_a_neighbour_bound_late_starts_from_its_newest_published_snapshot(
             assert await late.newest(Coord(1, 1)) is None and await late.newest(Coord(2, 2)) is None
             await finished.publish(snapshot(experiment, (0, 1), 8))  # and it follows on from there
             assert (await late.wait(Coord(0, 1), 8, timeout=10)).iteration == 8
+
+
+@pytest.mark.integration
+async def test_a_neighbour_binding_while_another_reads_the_newest_still_finds_it(
+    experiment: str, broker_url: str
+) -> None:
+    """A last-value queue's one message is hidden while another reader holds it (between its get and
+    its requeue): a cell binding then found none and, in a synchronous run, trained against its
+    neighbour's next snapshot (the flaky distributed-equals-embedded test)."""
+    import aio_pika
+
+    async with RabbitSnapshotBus(broker_url, experiment) as publisher:
+        await publisher.publish(snapshot(experiment, (0, 1), 7))
+        connection = await aio_pika.connect(broker_url)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue(
+                last_value_queue(experiment, Coord(0, 1)), durable=False, arguments=LAST_VALUE_ARGUMENTS
+            )
+            held = await queue.get(no_ack=False)  # another neighbour's catch-up, slow to hand it back
+
+            async def hand_back() -> None:
+                await asyncio.sleep(0.2)
+                await held.nack(requeue=True)
+
+            async with RabbitSnapshotBus(broker_url, experiment) as late:
+                await asyncio.gather(late.bind([Coord(0, 1)], epoch=0), hand_back())
+                found = await late.newest(Coord(0, 1))
+                assert found is not None and found.iteration == 7
 
 
 @pytest.mark.parametrize("synchronous", [False, True])

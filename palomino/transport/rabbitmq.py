@@ -57,6 +57,12 @@ def last_value_queue(experiment: str, coord: Coord) -> str:
 
 
 LAST_VALUE_ARGUMENTS = {"x-max-length": 1, "x-expires": 24 * 3600 * 1000}  # drop-head: the newest stays
+# A last-value queue's one message is hidden from every other reader while one holds it (between
+# its get and its requeue; longer when that reader's event loop is busy training): a neighbour that
+# binds then finds the queue empty and, in a synchronous run, trains against the neighbour's next
+# snapshot instead (the flaky distributed-equals-embedded test). An empty look is taken again
+# after these pauses, seconds.
+LOOK_AGAIN = (0.05, 0.1, 0.2, 0.4)
 LAST_VALUE_REFRESH = 60.0  # seconds; publishes do not count as use for x-expires, a re-declare does (and
 # brings the queue back after a broker restart)
 
@@ -177,19 +183,27 @@ class RabbitSnapshotBus:
         for coord in added:
             await self._queue.bind(self._exchange, routing_key(self.experiment, coord))
         self._bound = wanted
-        for coord in added:
-            await self._catch_up(coord)
+        await asyncio.gather(*(self._catch_up(coord) for coord in sorted(added)))  # their pauses overlap
 
     async def _catch_up(self, coord: Coord) -> None:
         """Start from the newest snapshot `coord` has published, not from its next one: a cell
         that joins late (a replacement, a relayout) may have neighbours that already finished and
-        will never publish again."""
+        will never publish again. Found empty, the queue is looked at again after LOOK_AGAIN's
+        pauses, unless a live snapshot of `coord` came meanwhile (one published after the binding,
+        so at least as new): another reader may have held its one message."""
         try:
-            body = await newest_published(self._channel, self.experiment, coord, key=self.key)
-            if body is not None:
-                snapshot, held = self._decode_body(body), self._store.newest(coord)
-                if held is None or held.iteration < snapshot.iteration:  # live ones may have come first
-                    await self._keep(snapshot)
+            for pause in (0.0, *LOOK_AGAIN):
+                await asyncio.sleep(pause)
+                if pause and self._store.newest(coord) is not None:
+                    return
+                body = await newest_published(self._channel, self.experiment, coord, key=self.key)
+                if body is not None:
+                    break
+            else:
+                return
+            snapshot, held = self._decode_body(body), self._store.newest(coord)
+            if held is None or held.iteration < snapshot.iteration:  # live ones may have come first
+                await self._keep(snapshot)
         except SnapshotError as error:
             log.warning("the newest snapshot of %s is not used: %s", coord, error)
         except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:  # its next one will come
