@@ -115,6 +115,8 @@ class Instance:
     started: float
     worker: str = ""  # a cell worker's id
     rss: dict[str, float] = field(default_factory=dict)  # MiB: "start", "first_scored", "end"
+    # (seconds into its life, MiB) once a minute: where a growth happened, against the soak's faults
+    rss_series: list[tuple[int, float]] = field(default_factory=list)
 
 
 class Fleet:
@@ -339,6 +341,9 @@ class Monitor(threading.Thread):
             if memory:
                 instance.rss.setdefault("start", memory)
                 instance.rss["end"] = memory
+                age = int(now - instance.started)
+                if not instance.rss_series or age - instance.rss_series[-1][0] >= 60:
+                    instance.rss_series.append((age, round(memory, 1)))
 
     def mark(self, point: str, workers: set[str]) -> None:
         """Each live service's memory now, at `point` (the first time only); a cell worker's only
@@ -678,7 +683,7 @@ def waiting(servers: Servers) -> dict[str, int]:
     return {name: int(n) for name, n in (p for p in pairs if len(p) == 2 and p[1].isdigit()) if int(n)}
 
 
-def memory(fleet: Fleet) -> dict[str, dict[str, Any]]:
+def memory(fleet: Fleet, origin: float) -> dict[str, dict[str, Any]]:
     """Each long-lived service's newest life: MiB at its start, when an experiment had first
     finished and been scored in it, and at the end; growth is end against that middle moment (a
     scorer or cell loads torch and data on its first job, which is not growth)."""
@@ -689,7 +694,8 @@ def memory(fleet: Fleet) -> dict[str, dict[str, Any]]:
     for name, instance in sorted(newest.items()):
         middle = instance.rss.get("first_scored")
         out[name] = {**instance.rss, "lived_s": round(time.time() - instance.started),
-                     "growth": round(instance.rss["end"] / middle, 2) if middle and "end" in instance.rss else None}  # fmt: skip
+                     "growth": round(instance.rss["end"] / middle, 2) if middle and "end" in instance.rss else None,
+                     "started_t": round(instance.started - origin, 1), "series": instance.rss_series}  # fmt: skip
     return out
 
 
@@ -717,7 +723,7 @@ def verdict(soak: Soak, fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
         "orchestrator_counters": orchestrator_counters(fleet.url),
         "dead_letters": dead_letters(fleet.servers.broker_url),
         "queues_waiting": waiting(fleet.servers),
-        "memory_mib": memory(fleet),
+        "memory_mib": memory(fleet, soak.started),
     }  # fmt: skip
     problems = []
     for e in experiments:
