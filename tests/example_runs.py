@@ -17,6 +17,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -34,18 +35,34 @@ SHRINK = [
 ]
 
 
+def shortened(example: Path) -> Any:
+    """`example`'s config as its short run trains it."""
+    from palomino.config import load_config
+
+    mnist = load_config(example).data.name == "mnist"
+    return load_config(example, [*SHRINK, *(["data.split=test"] if mnist else [])])
+
+
+def same_run() -> dict[Path, Path]:
+    """Each example → the first example whose short run is the same run (its own config but the
+    name: ring-3x3 is quickstart with more iterations), which is the one trained."""
+    first: dict[str, Path] = {}
+    out = {}
+    for example in EXAMPLES:
+        key = json.dumps(shortened(example).model_dump(mode="json", exclude={"name"}), sort_keys=True)
+        out[example] = first.setdefault(key, example)
+    return out
+
+
 def run_hash(example: Path, folder: Path) -> str:
     """The SHA-256 of `example`'s short run (trained in this process, into `folder`). Each example
     keeps its own `tiles`: on a CPU the 2-D ones train as tiles and the image ones cell by cell, so
     both kinds of kernels of the one iteration path (iteration.py) are covered."""
-    from palomino.config import load_config
     from palomino.data import load_dataset
     from palomino.engine.embedded import train_embedded
     from palomino.runs import RunDirectory
 
-    cfg = load_config(example)
-    changes = [*SHRINK, *(["data.split=test"] if cfg.data.name == "mnist" else [])]
-    cfg = load_config(example, changes)
+    cfg = shortened(example)
     run = RunDirectory.create(folder, cfg)
     asyncio.run(train_embedded(cfg, run, load_dataset(cfg.data, cfg.seed)))
     digest = hashlib.sha256()

@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from example_runs import EXAMPLES, FIXTURE, run_hash
+from example_runs import EXAMPLES, FIXTURE, run_hash, same_run
 
 from palomino.config import load_config
 
+TRAINED = sorted(set(same_run().values()))  # one example of those that are one run once shortened
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+@pytest.mark.parametrize("example", TRAINED, ids=[e.stem for e in TRAINED])
 def test_every_example_trains_the_numbers_recorded(
     example: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -28,3 +30,11 @@ def test_every_example_trains_the_numbers_recorded(
 
 def test_every_example_has_a_recorded_hash() -> None:
     assert set(json.loads(FIXTURE.read_text())) == {e.stem for e in EXAMPLES}
+
+
+def test_examples_that_are_one_run_once_shortened_are_recorded_alike() -> None:
+    """ring-3x3 is quickstart with more iterations: once shortened the same run, trained once above."""
+    recorded = json.loads(FIXTURE.read_text())
+    pairs = {e.stem: first.stem for e, first in same_run().items() if e != first}
+    assert pairs == {"ring-3x3": "quickstart"}  # a new pair is fine; an example that stops being one is checked here
+    assert all(recorded[e] == recorded[first] for e, first in pairs.items())
