@@ -453,3 +453,21 @@ async def test_a_coordinates_old_owner_is_fenced_off_by_the_epoch_its_snapshots_
         await wait_until_async(lambda: neighbour.stale == 1, 10)
         newest = await neighbour.newest(Coord(0, 1))
         assert (newest.header.epoch, newest.iteration) == (1, 5)
+
+
+async def test_a_synchronous_cell_says_when_it_trains_against_a_neighbours_later_snapshot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its neighbour's exact iteration went unheard (the catch-up race above): the run goes on,
+    and the log says it will not repeat bit for bit."""
+    topology = Topology(3, 3, "von_neumann")
+    cell = SimpleNamespace(iteration=5, coord=Coord(1, 1), topology=topology)
+    bus = InMemorySnapshotBus()
+    for coord in topology.neighbours(cell.coord):
+        await bus.publish(snapshot("x", tuple(coord), 4 if coord != Coord(0, 1) else 5))
+    found = await gather_neighbours(cell, bus, True, timeout=1.0)
+    assert found[Coord(0, 1)].iteration == 5
+    assert [r.getMessage() for r in caplog.records if "not held" in r.getMessage()] == [
+        "cell 1-1: neighbour 0-1's snapshot of iteration 4 is not held (missed or pushed out); "
+        "training against its iteration 5, so this synchronous run will not repeat bit for bit"
+    ]

@@ -85,6 +85,12 @@ async def gather_neighbours(
         if snapshot is not None:
             silent.discard(coord)
             found[coord] = snapshot
+            if synchronous and snapshot.iteration != wanted:  # its exact one went unheard: say so
+                log.warning(
+                    "cell %s: neighbour %s's snapshot of iteration %d is not held (missed or pushed out); training against its "
+                    "iteration %d, so this synchronous run will not repeat bit for bit",
+                    cell.coord, coord, wanted, snapshot.iteration,
+                )  # fmt: skip
     return found
 
 
