@@ -281,7 +281,11 @@ def test_lipizzaners_mode_trains_the_same_numbers_distributed_as_in_one_process(
         distributed = records("up", "--cells", "4")
         if distributed == one_process:
             break
-        differing.append(min(k for k in one_process if distributed.get(k) != one_process[k]))
+        logs = max((tmp_path / "up" / ".up-logs").iterdir())  # this run's; a missed snapshot is logged
+        missed = [
+            line for f in sorted(logs.glob("cell-*.log")) for line in f.read_text().splitlines() if "not held" in line
+        ]
+        differing.append((min(k for k in one_process if distributed.get(k) != one_process[k]), missed[:3]))
     else:
         raise AssertionError(f"three distributed runs differ from one process, first at (iteration, cell) {differing}")
 
