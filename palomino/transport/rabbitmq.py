@@ -59,9 +59,9 @@ def last_value_queue(experiment: str, coord: Coord) -> str:
 LAST_VALUE_ARGUMENTS = {"x-max-length": 1, "x-expires": 24 * 3600 * 1000}  # drop-head: the newest stays
 # A last-value queue's one message is hidden from every other reader while one holds it (between
 # its get and its requeue; longer when that reader's event loop is busy training): a neighbour that
-# binds then finds the queue empty and, in a synchronous run, trains against the neighbour's next
-# snapshot instead (the flaky distributed-equals-embedded test). An empty look is taken again
-# after these pauses, seconds.
+# bound then found the queue empty and, in a synchronous run, trained against the neighbour's next
+# snapshot instead (the flaky distributed-equals-embedded test); a recovery restored from an older
+# checkpoint. An empty look is taken again after these pauses, seconds.
 LOOK_AGAIN = (0.05, 0.1, 0.2, 0.4)
 LAST_VALUE_REFRESH = 60.0  # seconds; publishes do not count as use for x-expires, a re-declare does (and
 # brings the queue back after a broker restart)
@@ -79,21 +79,33 @@ async def declare_last_value(
 
 
 async def newest_published(
-    channel: AbstractChannel, experiment: str, coord: Coord, key: MessageKey | None = None
+    channel: AbstractChannel,
+    experiment: str,
+    coord: Coord,
+    key: MessageKey | None = None,
+    enough: Callable[[], bool] | None = None,
 ) -> bytes | None:
     """The body of the newest snapshot `coord` published (left in place), or None (torch-free).
-    With `key`, one not signed with it counts as none (it would be handed on to a spare).
+    With `key`, one not signed with it counts as none (it would be handed on to a spare). Found
+    empty, the queue is looked at again after LOOK_AGAIN's pauses (another reader may hold its one
+    message), unless `enough()` says the caller no longer needs it.
 
-    One broker call where nothing waits, two where a snapshot does: a channel answers one call at
-    a time, and a recovery makes this call for every lost cell. A queue this creates is bound by
-    the coordinate's next publisher (`RabbitSnapshotBus.publish`)."""
-    queue = await channel.declare_queue(
-        last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS, robust=False
-    )
-    if not queue.declaration_result.message_count:
-        return None
-    message = await queue.get(no_ack=False, fail=False)
-    if message is None:
+    One broker call a look where nothing waits, two where a snapshot does: a channel answers one
+    call at a time, and a recovery makes this call for every lost cell. A queue this creates is
+    bound by the coordinate's next publisher (`RabbitSnapshotBus.publish`)."""
+    for pause in (0.0, *LOOK_AGAIN):
+        if pause:
+            await asyncio.sleep(pause)
+            if enough is not None and enough():
+                return None
+        queue = await channel.declare_queue(
+            last_value_queue(experiment, coord), durable=False, arguments=LAST_VALUE_ARGUMENTS, robust=False
+        )
+        if queue.declaration_result.message_count:
+            message = await queue.get(no_ack=False, fail=False)
+            if message is not None:
+                break
+    else:
         return None
     body = message.body
     await message.nack(requeue=True)
@@ -188,22 +200,20 @@ class RabbitSnapshotBus:
     async def _catch_up(self, coord: Coord) -> None:
         """Start from the newest snapshot `coord` has published, not from its next one: a cell
         that joins late (a replacement, a relayout) may have neighbours that already finished and
-        will never publish again. Found empty, the queue is looked at again after LOOK_AGAIN's
-        pauses, unless a live snapshot of `coord` came meanwhile (one published after the binding,
-        so at least as new): another reader may have held its one message."""
+        will never publish again. An empty queue is looked at again until a live snapshot of
+        `coord` comes (published after the binding, so at least as new)."""
         try:
-            for pause in (0.0, *LOOK_AGAIN):
-                await asyncio.sleep(pause)
-                if pause and self._store.newest(coord) is not None:
-                    return
-                body = await newest_published(self._channel, self.experiment, coord, key=self.key)
-                if body is not None:
-                    break
-            else:
-                return
-            snapshot, held = self._decode_body(body), self._store.newest(coord)
-            if held is None or held.iteration < snapshot.iteration:  # live ones may have come first
-                await self._keep(snapshot)
+            body = await newest_published(
+                self._channel,
+                self.experiment,
+                coord,
+                key=self.key,
+                enough=lambda: self._store.newest(coord) is not None,
+            )
+            if body is not None:
+                snapshot, held = self._decode_body(body), self._store.newest(coord)
+                if held is None or held.iteration < snapshot.iteration:  # live ones may have come first
+                    await self._keep(snapshot)
         except SnapshotError as error:
             log.warning("the newest snapshot of %s is not used: %s", coord, error)
         except (TimeoutError, AMQPError, ConnectionError, RuntimeError) as error:  # its next one will come
