@@ -4,8 +4,8 @@ run â€” no graph break (fullgraph), no recompilation after the first iteration â
 `compile` and `precision` settings checked at the boundary.
 
 Compiling costs seconds a function on this machine's two cores, so the cases are the ones that
-take different compiled paths: one loss, the Mustangs' mixture (weight tables; WGAN-GP's
-discriminator step eager), population 2 with masks, skipped steps and gathered opponents, and a
+take different compiled paths: one loss, WGAN-GP (its penalty's input gradient by torch.func),
+the Mustangs' mixture (weight tables, WGAN-GP's among them), population 2 with masks, skipped steps and gathered opponents, and a
 conditional perceptron with minibatch std.
 """
 
@@ -28,7 +28,7 @@ EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
 PERCEPTRONS = [e for e in EXAMPLES if load_config(e).network.name == "mlp"]  # the compiled stacks
 
 # The tile's cases (tests/tile_cases.py) that take different compiled paths.
-COMPILED_PATHS = {"minimax-default", "mustangs-mixture", "population-2-mutated-rates-skip", "conditional-minibatch-std"}
+COMPILED_PATHS = {"minimax-default", "wgan-gp", "mustangs-mixture", "population-2-mutated-rates-skip", "conditional-minibatch-std"}
 CASES = [case for case in TILE_CASES if case.id in COMPILED_PATHS]
 assert len(CASES) == len(COMPILED_PATHS), "a case was renamed in tile_cases.py"
 
@@ -65,7 +65,7 @@ def test_a_compiled_tile_trains_as_the_eager_tile_and_compiles_once(float64: Non
     # Every function compiles in the first iteration (fullgraph: a graph break raises), none after.
     got = iterate(tile, 4, lambda: first.update(counters["stats"]))
     assert tile.data[0]._batches, "the tile trained through its compiled steps"
-    assert first["unique_graphs"] == (3 if "wgan_gp" in str(changes) else 4)  # G, D (eager with WGAN-GP), Adam a role
+    assert first["unique_graphs"] == 4  # G, D, Adam a role
     assert counters["stats"] == first, "recompiled after the first iteration"
     assert not counters["graph_break"]
     assert_same_reports(expected, got)

@@ -12,9 +12,14 @@ and where a batch's members draw different losses (Mustangs) each member's loss 
 (losses, members) weight table of ones and zeros. The eager path is tile_training.py's own, and
 its numbers are unchanged; compiled ones agree with it to float rounding (tests/test_compile.py).
 
-Left eager: WGAN-GP's discriminator step (its penalty differentiates a gradient, and compiled
-autograd has no double backward) and the convolutional stacks (their BatchNorm and spectral-norm
-buffers advance per member from host-side lists).
+WGAN-GP's penalty differentiates the critic's input gradient: `torch.autograd.grad` with
+`create_graph` does not trace, so the compiled step takes that gradient with `torch.func.grad`,
+which does, and AOTAutograd differentiates the result. Where a batch mixes losses (Mustangs), every
+member's penalty is computed and the weight table keeps the critics' on WGAN-GP: a fixed graph
+costs the others' penalties (zero interpolations where no lane drew one this iteration).
+
+Left eager: the convolutional stacks (their BatchNorm and spectral-norm buffers advance per member
+from host-side lists).
 """
 
 from __future__ import annotations
@@ -59,8 +64,8 @@ class CompiledBatch:
         self.g_layout, self.d_layout = g_layout, d_layout
         compile_ = _compiler(strict)
         self.generator_step = compile_(self._generator_values)
-        penalised = any(loss.gp_weight for loss in self.losses)
-        self.discriminator_step = None if penalised else compile_(self._discriminator_values)
+        self.penalised = any(loss.gp_weight for loss in self.losses)  # its D step takes interpolations
+        self.discriminator_step = compile_(self._discriminator_values)
         self.adam_step = compile_(masked_update)
 
     def index(self, names: Sequence[str]) -> list[int]:
@@ -85,13 +90,24 @@ class CompiledBatch:
         labels: Tensor | None,
         weights: Tensor | None,
         mask: Tensor,
+        eps: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         with torch.no_grad():
             fake = self.g_layout.forward(g, z, labels)
         real_logits = self.d_layout.forward(d, real, labels)
         fake_logits = self.d_layout.forward(d, fake, labels)
-        values = _chosen([loss.discriminator_from_logits(real_logits, fake_logits) for loss in self.losses], weights)
+        per_loss = [loss.discriminator_from_logits(real_logits, fake_logits) for loss in self.losses]
+        if eps is not None:
+            penalty = self._penalty(d, real, fake, eps, labels)
+            per_loss = [v + loss.gp_weight * penalty if loss.gp_weight else v for v, loss in zip(per_loss, self.losses)]
+        values = _chosen(per_loss, weights)
         return values, (values * mask).sum()
+
+    def _penalty(self, d: Params, real: Tensor, fake: Tensor, eps: Tensor, labels: Tensor | None) -> Tensor:
+        """stacked_gradient_penalty's E[(‖∇D(x̂)‖₂ − 1)²] per member, its input gradient by torch.func."""
+        x_hat = eps * real + (1 - eps) * fake
+        grad = torch.func.grad(lambda x: self.d_layout.forward(d, x, labels).sum())(x_hat)
+        return (grad.flatten(2).norm(2, dim=2) - 1).square().mean(-1)
 
 
 def _chosen(per_loss: list[Tensor], weights: Tensor | None) -> Tensor:

@@ -106,12 +106,14 @@ class _Role:
 
     def frozen(self, index: list[int], on_device: Tensor, by_chance: bool = True) -> dict[str, Tensor]:
         """The members at `index` (`on_device`: the same, on the device) as opponents: no gradient
-        flows back into them. `by_chance` false: no copy saved only where every lane has one
-        member (a compiled step's inputs keep one layout for the run; a copy's differs)."""
-        single = len(self.first) == len(self.individuals)
-        if index == list(range(len(self.individuals))) and (by_chance or single):
-            return self.detached  # each member's opponent is its lane's only one (population 1): no copy
-        return gather(self.detached, on_device)
+        flows back into them. `by_chance` false (a compiled step, whose inputs keep one layout for
+        the run: a copy's differs from the stack's): the stack itself wherever every lane has one
+        member, else always a copy."""
+        if by_chance:
+            single = index == list(range(len(self.individuals)))
+        else:  # one member a lane on both sides: an active member's opponent is its lane's one (inactive: masked)
+            single = len(self.first) == len(self.individuals) == len(index)
+        return self.detached if single else gather(self.detached, on_device)
 
     def use(self, members: list[int] | None, active: list[bool]) -> BufferUse | None:
         """The buffers that a stacked call of these members advances (None: the networks keep none)."""
@@ -366,11 +368,12 @@ class _Lockstep:
         real = tables.samples[batch]  # each member's lane's batch
         labels = None if tables.labels is None else tables.labels[batch]
         opponents = tables.d_opponents[step]
-        if self.compiled is not None and self.compiled.discriminator_step is not None:
+        if self.compiled is not None:
             params = self.g.frozen(opponents, index["d_opponent"][step], by_chance=False)
             weights = None if self.weights is None else self.weights["d"][step]
+            eps = self._interpolations(step, real) if self.compiled.penalised else None
             values, total = self.compiled.discriminator_step(
-                self.d.params, params, z, real, labels, weights, tables.active_on["d"][step]
+                self.d.params, params, z, real, labels, weights, tables.active_on["d"][step], eps
             )
             self._compiled_update(self.d, total, tables.active_on["d"][step], self.rates["d"][step])
             return values.detach()
@@ -391,6 +394,13 @@ class _Lockstep:
         values = _per_member(tables.d_losses[step], loss_of, self.device)
         self._update(self.d, values, active, tables.active_on["d"][step], self.rates["d"][step])
         return values.detach()
+
+    def _interpolations(self, step: int, real: Tensor) -> Tensor:
+        """Each member's interpolation weights for a compiled penalised step, one shape for the run:
+        zeros where no lane drew one this iteration (their penalty's weight is then zero too)."""
+        if self.tables.eps is None:
+            return real.new_zeros(real.shape[:2] + (1,) * (real.dim() - 2))
+        return self.tables.eps[self.tables.on_device["d_eps"][step]].to(real)
 
     def _penalty(
         self,
