@@ -28,7 +28,13 @@ EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
 PERCEPTRONS = [e for e in EXAMPLES if load_config(e).network.name == "mlp"]  # the compiled stacks
 
 # The tile's cases (tests/tile_cases.py) that take different compiled paths.
-COMPILED_PATHS = {"minimax-default", "wgan-gp", "mustangs-mixture", "population-2-mutated-rates-skip", "conditional-minibatch-std"}
+COMPILED_PATHS = {
+    "minimax-default",
+    "wgan-gp",
+    "mustangs-mixture",
+    "population-2-mutated-rates-skip",
+    "conditional-minibatch-std",
+}
 CASES = [case for case in TILE_CASES if case.id in COMPILED_PATHS]
 assert len(CASES) == len(COMPILED_PATHS), "a case was renamed in tile_cases.py"
 
