@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures (issues 22, 34) in one call on a lent GPU host (its python has torch and nothing else of
-# ours): the tile's steps for K = 1, 9, 36, 144 MNIST perceptron cells eager and compiled (issue 48), a
-# 12×12 grid's whole iterations by phase (eager, compiled, compiled with TF32 products), the tile's steps
+# ours): the tile's steps for K = 1, 9, 36, 144 MNIST perceptron cells eager, compiled and compiled with
+# CUDA graphs (issue 48), a 12×12 grid's whole iterations by phase (eager, compiled, compiled with TF32
+# products, and with CUDA graphs too), the tile's steps
 # for K = 1, 9, 36 MNIST DCGANs (width 64), the referee's baselines stacked, the one-cell loop for
 # reference, the ops and launches counted, and a real `palomino train` of a 12×12 MNIST grid (compiled:
 # `compile: auto` on a GPU).
@@ -95,6 +96,10 @@ if [ "${1:-}" = lipizzaner ]; then  # quick: 3×3 and 2×2 grids of 2 short iter
 fi
 # Each K's batch eager and compiled (config `compile`: its ms a batch, × eager, the seconds compiling took).
 run tiles-steps python3 benchmarks/tiles.py --cells "${cells[@]:0:4}" --batches "$batches" --rounds "$rounds" --device "$DEVICE" --compile
+if [ "$DEVICE" != cpu ]; then  # `compile: graphs` (CUDA graphs, never timed yet): a failure here is a finding, not the end
+  run tiles-steps-graphs python3 benchmarks/tiles.py --cells "${cells[@]:0:4}" --batches "$batches" --rounds "$rounds" \
+    --device "$DEVICE" --compile --graphs || echo "== tiles-steps-graphs failed: see $out/tiles-steps-graphs.txt"
+fi
 run tiles-grid python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE"
 # The same grid with TF32 products (float32 matmuls on tensor cores, inputs rounded to 10 mantissa bits): how far
 # cheaper products take the 12×12 run towards its 15 minutes, before the referee weighs the change.
@@ -103,6 +108,8 @@ run tiles-grid-tf32 python3 benchmarks/tiles.py --cells --grid "$grid" --batches
 run tiles-grid-compiled python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE" --compile
 if [ "$DEVICE" != cpu ]; then  # TF32 is a mode of CUDA's tensor cores
   run tiles-grid-compiled-tf32 python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" --device "$DEVICE" --compile --matmul-precision high
+  run tiles-grid-graphs-tf32 python3 benchmarks/tiles.py --cells --grid "$grid" --batches $((batches * 6)) --iterations "$iterations" \
+    --device "$DEVICE" --compile --graphs --matmul-precision high || echo "== tiles-grid-graphs-tf32 failed: see its .txt"
 fi
 # Lipizzaner's faithful grid (the seeds' 12×12 row, issue 47), 80 batches an iteration (a pass of its data):
 # its seconds an iteration by phase, projected to its 16,000 batches a cell: does the row fit a call?

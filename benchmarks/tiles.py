@@ -198,7 +198,7 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
         rate = k * args.batches
         compiled = ""
         if args.compile:  # the same lanes through the compiled steps (tile_compiled.py), compiled first
-            data = TileData(compiled=True)
+            data = TileData(compiled=True, graphs=args.graphs)
             first = clock.time(lambda lanes=lanes, data=data: train_tile(lanes, data))
             times = [clock.time(lambda lanes=lanes, data=data: train_tile(lanes, data)) for _ in range(args.rounds)]
             fast = statistics.median(times)
@@ -213,7 +213,8 @@ def steps(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
 def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     side = args.grid
     config = make_config(side, side, args.batches, args.device, args.model, args.width)
-    config = config.model_copy(update={"compile": "on" if args.compile else "off"})  # not auto: say which
+    compiled = ("graphs" if args.graphs else "on") if args.compile else "off"
+    config = config.model_copy(update={"compile": compiled})  # not auto: say which (model_copy checks nothing)
     cells = make_cells(config, dataset)
     tile = Tile(cells)
     phases = {"select": 0.0, "train": 0.0, "complete": 0.0, "exchange": 0.0}
@@ -248,7 +249,7 @@ def grid(args: argparse.Namespace, dataset: Dataset, clock: Clock) -> None:
     iterations = math.ceil(args.project / args.batches)
     print(
         f"\ngrid {side}×{side} ({len(cells)} cells), {args.batches} batches per iteration, {args.iterations} iterations"
-        f"{', compiled' if args.compile else ''}:"
+        f"{', compiled' if args.compile else ''}{' with CUDA graphs' if args.compile and args.graphs else ''}:"
     )
     for name, seconds in phases.items():
         print(f"  {name:<9} {seconds / args.iterations:8.3f} s/iteration  ({seconds / total:5.1%})")
@@ -534,6 +535,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compile",
         action="store_true",
         help="steps: also the compiled tile; grid: the grid with compile on; --count-ops: launches, eager and compiled",
+    )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="with --compile: compiled as `compile: graphs` does (CUDA graphs replayed; on a CPU as --compile alone)",
     )
     parser.add_argument("--count-ops", action="store_true", help="count ops and host syncs per iteration instead")
     parser.add_argument(

@@ -22,6 +22,7 @@ from tile_cases import CASES as TILE_CASES
 from tile_cases import assert_same_cells, assert_same_reports, make_cells, neighbourhoods, ring64
 
 from palomino.coevolution.tile import Tile, use_compile
+from palomino.coevolution.tile_training import TileData
 from palomino.config import load_config, parse_config
 
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
@@ -152,6 +153,31 @@ def test_compile_auto_trains_eager_where_compiling_fails_and_on_stops(caplog: py
         _compiler(strict=True)(breaks)(torch.zeros(2))
 
 
+@pytest.mark.slow
+def test_compile_graphs_marks_each_step_and_keeps_copies_of_its_losses(
+    float64: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`compile: graphs`' own path (torch.compile's reduce-overhead mode, a new CUDA graph step
+    marked each batch, the kept losses copied). On this CPU torch records no graph, so this checks
+    the path's numbers and bookkeeping; the graphs themselves are benchmarks/gpu.sh's to time."""
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    torch._dynamo.reset()
+    dataset, changes = ring64(), {"training": {"population_size": 2}}
+    eager = make_cells(settings("off", changes), dataset)
+    graphed = make_cells(settings("on", changes), dataset)
+    expected = iterate(Tile(eager), 2)
+    tile = Tile(graphed)
+    tile.data = [TileData(compiled=True, strict=True, graphs=True)]
+    got = iterate(tile, 2)
+    assert all(batch.graphs for batch in tile.data[0]._batches.values())
+    assert len(marks) == 2 * 3, "one mark a batch, three batches an iteration"
+    assert_same_reports(expected, got)
+    assert_same_cells(eager, graphed)
+    assert not use_compile(parse_config(tiny(compile="off")), torch.device("cuda"))
+    assert use_compile(parse_config(tiny(compile="graphs", device="cuda")), torch.device("cuda"))
+
+
 def test_an_eager_tile_builds_nothing_compiled() -> None:
     cells = make_cells(settings("off", {}), ring64())
     tile = Tile(cells)
@@ -165,6 +191,7 @@ def test_an_eager_tile_builds_nothing_compiled() -> None:
         ({"compile": "sometimes"}, "compile"),
         ({"precision": "fp8"}, "precision"),
         ({"precision": "tf32"}, "precision"),  # on device cpu
+        ({"compile": "graphs"}, "compile"),  # CUDA graphs, on device cpu
     ],
 )
 def test_train_with_a_bad_compile_or_precision_exits_2_naming_it(tmp_path, changes: dict, field: str) -> None:

@@ -54,9 +54,9 @@ def use_tile(config: ExperimentConfig, cells: Sequence[Cell]) -> bool:
 
 
 def use_compile(config: ExperimentConfig, device: torch.device) -> bool:
-    """Whether a tile trains its batches compiled (tile_compiled.py): `compile: on`, or `auto` on a
-    GPU. On this project's 2-core CPU compiling cost more than it saved (docs/speed.md)."""
-    return config.compile == "on" or (config.compile == "auto" and device.type == "cuda")
+    """Whether a tile trains its batches compiled (tile_compiled.py): `compile: on` or `graphs`, or
+    `auto` on a GPU. On this project's 2-core CPU compiling cost more than it saved (docs/speed.md)."""
+    return config.compile in ("on", "graphs") or (config.compile == "auto" and device.type == "cuda")
 
 
 class Tile:
@@ -84,8 +84,8 @@ class Tile:
         self.cells = list(cells)
         self.workers = max(1, min(workers, len(self.cells)))
         compiled = use_compile(first.config, first.device)
-        strict = first.config.compile == "on"
-        self.data = [TileData(compiled, strict) for _ in range(self.workers)]  # each stack's data, kept on the device
+        strict, graphs = first.config.compile in ("on", "graphs"), first.config.compile == "graphs"
+        self.data = [TileData(compiled, strict, graphs) for _ in range(self.workers)]  # each stack's, on the device
         self.batched = first.device.type != "cpu" if batched is None else batched
         self.exact = exact
 

@@ -18,6 +18,12 @@ which does, and AOTAutograd differentiates the result. Where a batch mixes losse
 member's penalty is computed and the weight table keeps the critics' on WGAN-GP: a fixed graph
 costs the others' penalties (zero interpolations where no lane drew one this iteration).
 
+`compile: graphs` compiles in torch.compile's "reduce-overhead" mode: on CUDA each step's kernels
+are recorded once as a CUDA graph and replayed, one launch where eager makes hundreds. Adam's
+update writes its inputs in place, which CUDA graph trees do not record, so it runs compiled
+without a graph; a step's losses, kept for the reports, are copied before the next replay
+overwrites them. On a CPU the mode compiles as `on` does (the config refuses it there).
+
 Left eager: the convolutional stacks (their BatchNorm and spectral-norm buffers advance per member
 from host-side lists).
 """
@@ -56,13 +62,21 @@ class CompiledBatch:
     fixed order: a member's weight row picks its own)."""
 
     def __init__(
-        self, g_layout: StackedMLP, d_layout: StackedMLP, losses: Sequence[GanLoss], strict: bool = True
+        self,
+        g_layout: StackedMLP,
+        d_layout: StackedMLP,
+        losses: Sequence[GanLoss],
+        strict: bool = True,
+        graphs: bool = False,
     ) -> None:
-        """`strict` false (`compile: auto`): a function that fails to compile runs eager, with a warning."""
+        """`strict` false (`compile: auto`): a function that fails to compile runs eager, with a warning.
+        `graphs` (`compile: graphs`): torch.compile's "reduce-overhead" mode, which records each step's
+        kernels on CUDA as a graph and replays it, one launch (nothing changes elsewhere)."""
         keep_compiled_code()
         self.losses = list(losses)
         self.g_layout, self.d_layout = g_layout, d_layout
-        compile_ = _compiler(strict)
+        self.graphs = graphs
+        compile_ = _compiler(strict, "reduce-overhead" if graphs else None)
         self.generator_step = compile_(self._generator_values)
         self.penalised = any(loss.gp_weight for loss in self.losses)  # its D step takes interpolations
         self.discriminator_step = compile_(self._discriminator_values)
@@ -117,14 +131,14 @@ def _chosen(per_loss: list[Tensor], weights: Tensor | None) -> Tensor:
     return (torch.stack(per_loss) * weights).sum(0)
 
 
-def _compiler(strict: bool) -> Callable[[Callable], Callable]:
+def _compiler(strict: bool, mode: str | None = None) -> Callable[[Callable], Callable]:
     """torch.compile as a tile uses it: one whole graph a function (a graph break is an error,
     not a silent slow path) and static shapes (a tile's shapes are fixed for the run). Not
     `strict`: a first call that fails (no C++ compiler, no Triton, an inductor bug) falls back to
     the eager function for the run; it fails before it computes anything, so nothing is lost."""
 
     def compile_(function: Callable) -> Callable:
-        compiled = torch.compile(function, fullgraph=True, dynamic=False)
+        compiled = torch.compile(function, fullgraph=True, dynamic=False, mode=mode)
         if strict:
             return compiled
         chosen: list[Callable] = []  # set by the first call: compiled, or the function itself

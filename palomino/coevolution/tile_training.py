@@ -218,11 +218,12 @@ class TileData:
     once however many lanes share it), with each lane's offset into it. Kept between iterations:
     a tile builds it once, and again only when a lane's data changes (a relocated cell)."""
 
-    def __init__(self, compiled: bool = False, strict: bool = True) -> None:
+    def __init__(self, compiled: bool = False, strict: bool = True, graphs: bool = False) -> None:
         self._datas: list[CellData] = []  # held, so that no other object can take their ids
         self._value: tuple[Tensor, Tensor | None, list[int]] | None = None
         self.compiled = compiled  # train through tile_compiled.py where the networks allow
         self.strict = strict  # a compiler failure is an error (compile: on), else eager (auto)
+        self.graphs = graphs  # compiled steps replayed as CUDA graphs (compile: graphs)
         self._batches: dict[int, CompiledBatch] = {}  # a batch size's compiled steps, kept for the run
 
     def compiled_batch(self, batch: int, g: _Role, d: _Role, losses: list[str]) -> CompiledBatch | None:
@@ -230,7 +231,8 @@ class TileData:
         if not (self.compiled and compilable(g.layout, d.layout)):
             return None
         if batch not in self._batches:
-            self._batches[batch] = CompiledBatch(g.layout, d.layout, [get_loss(name) for name in losses], self.strict)
+            losses_ = [get_loss(name) for name in losses]
+            self._batches[batch] = CompiledBatch(g.layout, d.layout, losses_, self.strict, self.graphs)
         return self._batches[batch]
 
     def of(self, lanes: list[Lane]) -> tuple[Tensor, Tensor | None, list[int]]:
@@ -289,7 +291,10 @@ class _Lockstep:
 
     def run(self) -> list[Steps]:
         tables = self.tables
+        graphs = self.compiled is not None and self.compiled.graphs
         for step in range(tables.count):
+            if graphs:  # a new replay may reuse the last one's memory: what a step keeps, it clones
+                torch.compiler.cudagraph_mark_step_begin()
             g_active, d_active = tables.g_active[step].tolist(), tables.d_active[step].tolist()
             if any(g_active):
                 self.g_losses.append((self._generator_step(step, g_active), g_active))
@@ -352,7 +357,7 @@ class _Lockstep:
                 self.g.params, params, z, labels, weights, tables.active_on["g"][step]
             )
             self._compiled_update(self.g, total, tables.active_on["g"][step], self.rates["g"][step])
-            return values.detach()
+            return self._kept(values)
         fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, active))
         params = self.d.frozen(opponents, index["g_opponent"][step])
         logits = self.d.layout.forward(params, fake, labels, self.d.use(opponents, active))
@@ -376,7 +381,7 @@ class _Lockstep:
                 self.d.params, params, z, real, labels, weights, tables.active_on["d"][step], eps
             )
             self._compiled_update(self.d, total, tables.active_on["d"][step], self.rates["d"][step])
-            return values.detach()
+            return self._kept(values)
         with torch.no_grad():
             params = self.g.frozen(opponents, index["d_opponent"][step])
             fake = self.g.layout.forward(params, z, labels, self.g.use(opponents, active))
@@ -427,6 +432,12 @@ class _Lockstep:
         total = values.sum() if everyone else (values * mask).sum()
         grads = torch.autograd.grad(total, list(role.params.values()))
         role.adam.step(dict(zip(role.params, grads)), rates, mask)
+
+    def _kept(self, values: Tensor) -> Tensor:
+        """A compiled step's losses, kept for the iteration's reports: a copy where a CUDA graph's
+        next replay would overwrite its outputs."""
+        assert self.compiled is not None
+        return values.detach().clone() if self.compiled.graphs else values.detach()
 
     def _compiled_update(self, role: _Role, total: Tensor, active: Tensor, rates: Tensor) -> None:
         assert self.compiled is not None

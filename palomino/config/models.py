@@ -524,10 +524,11 @@ class ExperimentConfig(_Strict):
         description="train a process's cells in lockstep as one tile, weights stacked (docs/tiles.md): auto = "
         "where it pays (every network on a GPU; small mlp on a CPU), on = always, off = one cell at a time",
     )
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: Literal["auto", "on", "graphs", "off"] = Field(
         "auto",
         description="a tile's training batch through torch.compile (docs/speed.md): auto = on a GPU only (on a CPU "
-        "compiling cost more than it saved), on, off; compiled and eager agree to float rounding",
+        "compiling cost more than it saved), on, graphs (on, its steps replayed as CUDA graphs: a CUDA device only), "
+        "off; compiled and eager agree to float rounding",
     )
     precision: Literal["float32", "tf32", "bf16"] = Field(
         "float32",
@@ -560,6 +561,10 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 f"precision: tf32 is a mode of CUDA's tensor cores, and device is {self.device}; "
                 "use float32 or bf16 there, or device: cuda"
+            )
+        if self.compile == "graphs" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"compile: graphs replays CUDA graphs, and device is {self.device}; use compile: on there, or device: cuda"
             )
         return self
 
