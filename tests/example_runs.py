@@ -5,7 +5,17 @@ proves it; a change that means to change numbers rewrites the file on purpose:
 
     PALOMINO_DATA_DIR=… python tests/example_runs.py --write
 
-The hashes are of this project's CPU (float rounding may differ on another kind of processor).
+Each run's numerics are pinned to one instruction set (`PINNED`): torch picks its kernels by the
+processor's vector instructions, and so do MKL's matrix products and oneDNN's convolutions, so
+every example's hash moved between two sessions' machines (the second an AVX-512 one, where the
+AVX2 kernels, forced, gave other hashes again). Pinned to AVX2, which every x86-64 server of the last
+decade has: ATen's AVX2 kernels, MKL's conditional-numerical-reproducibility mode for AVX2,
+oneDNN capped at AVX2 (as fast as unpinned here; the portable kernels took twice as long), and
+one thread (a 1×1 run hashed otherwise under pytest's conftest, which sets one, than alone). On
+this AVX-512 machine the pinned hashes do not move when MKL is also told to use AVX2 only, and
+numpy's own vector paths changed no hash (NPY_DISABLE_CPU_FEATURES). The environment must be
+set before torch loads, so the runs are made in a child process (`hashes`). A processor without
+AVX2 (or not x86) cannot run them so: the test skips there, saying why.
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,6 +69,32 @@ def same_run() -> dict[Path, Path]:
     return out
 
 
+PINNED = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    # One thread a stack, whatever the cores: a 1×1 run's products otherwise split by the core count.
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+PINNED_KERNELS = "AVX2"  # what torch.backends.cpu.get_cpu_capability() says under PINNED
+
+
+def hashes(examples: list[Path]) -> dict[str, str]:
+    """Each example's short-run hash (stem → hash, or "error: …" where its run failed), trained
+    in one child process with the numerics pinned; under "kernels", the ATen kernels it ran."""
+    result = subprocess.run(
+        [sys.executable, __file__, "--print-json", *[e.stem for e in examples]],
+        env={**os.environ, **PINNED},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"the pinned example runs failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def run_hash(example: Path, folder: Path) -> str:
     """The SHA-256 of `example`'s short run (trained in this process, into `folder`). Each example
     keeps its own `tiles`: on a CPU the 2-D ones train as tiles and the image ones cell by cell, so
@@ -82,14 +120,31 @@ def run_hash(example: Path, folder: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help=f"write the hashes to {FIXTURE.name}")
+    parser.add_argument("--print-json", nargs="+", metavar="STEM", help=argparse.SUPPRESS)  # hashes()' child
     args = parser.parse_args()
-    hashes = {}
-    for example in EXAMPLES:
-        with tempfile.TemporaryDirectory() as folder:
-            hashes[example.stem] = run_hash(example, Path(folder))
-        print(example.stem, hashes[example.stem], flush=True)
+    if args.print_json:
+        import torch
+
+        out = {"kernels": torch.backends.cpu.get_cpu_capability()}
+        for stem in args.print_json:
+            try:
+                with tempfile.TemporaryDirectory() as folder:
+                    out[stem] = run_hash(ROOT / "examples" / f"{stem}.yaml", Path(folder))
+            except Exception as error:  # one example's failure is its result, not the others'
+                out[stem] = f"error: {type(error).__name__}: {error}"
+        print(json.dumps(out))
+        return 0
+    found = hashes(EXAMPLES)
+    if found.pop("kernels") != PINNED_KERNELS:
+        print(f"not hashed: this processor has no {PINNED_KERNELS} kernels for the pinned runs", file=sys.stderr)
+        return 1
+    for stem, value in found.items():
+        print(stem, value, flush=True)
     if args.write:
-        FIXTURE.write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+        if any(value.startswith("error") for value in found.values()):
+            print("not written: an example failed", file=sys.stderr)
+            return 1
+        FIXTURE.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
     return 0
 
 
