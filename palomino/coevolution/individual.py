@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import nn
+
+from palomino.nn.replica import replica
 
 Role = Literal["generator", "discriminator"]
 
@@ -48,13 +49,7 @@ class Individual:
         copy of its network whose parameters (and the buffers named) are `tensors`, by name,
         as they are (no copy), with these Adam states (one a parameter, in order; empty: never
         stepped)."""
-        memo: dict[int, torch.Tensor] = {}
-        for name, parameter in self.network.named_parameters():
-            memo[id(parameter)] = nn.Parameter(tensors[name], parameter.requires_grad)
-        for name, buffer in self.network.named_buffers():
-            if name in tensors:
-                memo[id(buffer)] = tensors[name]
-        network = copy.deepcopy(self.network, memo)
+        network = replica(self.network, tensors)
         optimizer = make_adam(network, self.learning_rate, self.optimizer.param_groups[0]["betas"])
         optimizer.param_groups[0].update({k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"})
         for parameter, state in zip(network.parameters(), states):
