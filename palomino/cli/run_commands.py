@@ -23,6 +23,7 @@ from rich.progress import (
 
 from palomino.cli.main_app import stderr
 from palomino.errors import ConfigError, PalominoError
+from palomino.heap import freeze_startup_objects
 from palomino.services.common.command_options import board_folder
 from palomino.services.common.command_options import device as device_option
 
@@ -63,6 +64,7 @@ def train(
     except PalominoError:
         holding.close()
         raise
+    freeze_startup_objects()  # the libraries and the dataset: out of the collector's walks (heap.py)
     with (
         holding,
         _dashboard_of(run, listening),

@@ -29,7 +29,7 @@ def _replica(module: nn.Module, prefix: str, tensors: Mapping[str, Tensor], done
         return done[id(module)]
     new = module.__class__.__new__(module.__class__)
     done[id(module)] = new
-    state = {key: _shallow(value) for key, value in module.__dict__.items()}
+    state = {key: _shallow(value) for key, value in module.__dict__.items() if key not in _REPLACED}
     state["_parameters"] = {
         name: None if p is None else nn.Parameter(tensors[prefix + name], p.requires_grad)
         for name, p in module._parameters.items()
@@ -44,6 +44,9 @@ def _replica(module: nn.Module, prefix: str, tensors: Mapping[str, Tensor], done
     }
     new.__dict__.update(state)
     return new
+
+
+_REPLACED = frozenset({"_parameters", "_buffers", "_modules"})  # built anew below, not copied first
 
 
 def _shallow(value: object) -> object:

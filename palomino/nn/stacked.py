@@ -118,10 +118,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 def stack(modules: Sequence[nn.Module], names: Sequence[str]) -> Params:
     """The members' parameters stacked (copies), as leaves that collect gradients: one op a
     parameter name, whatever the number of members."""
-    per_module = [dict(m.named_parameters()) for m in modules]
     with torch.no_grad():
-        stacked = {name: torch.stack([p[name] for p in per_module]) for name in names}
+        stacked = {name: torch.stack([parameter_at(m, name) for m in modules]) for name in names}
     return {name: value.requires_grad_(True) for name, value in stacked.items()}
+
+
+def parameter_at(module: nn.Module, name: str) -> Tensor:
+    """`dict(module.named_parameters())[name]` by its path's dictionaries: walking every submodule
+    for each network of a stack (thousands a 12×12 grid's fitness stacks) took 0.1 s an iteration."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = module._modules[part]  # type: ignore[assignment]
+    return module._parameters[leaf]  # type: ignore[return-value]
 
 
 @torch.no_grad()
@@ -170,10 +178,12 @@ def _shapes(module: nn.Module) -> tuple[torch.Size, ...]:
     """A stackable perceptron's weight shapes (its biases follow them), read from its layers
     directly: walking `parameters()` for every network of every fitness call cost 4 % of a grid
     iteration."""
-    body = getattr(module, "body", module)
-    embed = getattr(module, "embed", None)
-    weights = tuple(body.net[index].weight.shape for index in (0, 2, 4))
-    return weights if embed is None else (*weights, embed.weight.shape)
+    modules = module._modules
+    body = modules.get("body", module)
+    layers = body._modules["net"]._modules  # type: ignore[union-attr]
+    weights = tuple(layers[index]._parameters["weight"].shape for index in ("0", "2", "4"))  # type: ignore[union-attr]
+    embed = modules.get("embed")
+    return weights if embed is None else (*weights, embed._parameters["weight"].shape)  # type: ignore[union-attr]
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from palomino.endpoints import ORCHESTRATOR_URL
 from palomino.errors import ConfigError, describe_validation
+from palomino.heap import freeze_startup_objects
 
 BROKER = typer.Option(
     None, "--broker", envvar="PALOMINO_BROKER_URL", show_envvar=True, help="RabbitMQ URL (default: local guest)."
@@ -115,6 +116,7 @@ def serve(service: Any) -> None:
         except asyncio.CancelledError:
             Console(stderr=True).print("stopped before it was connected", highlight=False)
 
+    freeze_startup_objects()  # the libraries: out of the collector's walks (palomino/heap.py)
     asyncio.run(go())
 
 
