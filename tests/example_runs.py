@@ -14,8 +14,8 @@ oneDNN capped at AVX2 (as fast as unpinned here; the portable kernels took twice
 one thread (a 1×1 run hashed otherwise under pytest's conftest, which sets one, than alone). On
 this AVX-512 machine the pinned hashes do not move when MKL is also told to use AVX2 only, and
 numpy's own vector paths changed no hash (NPY_DISABLE_CPU_FEATURES). The environment must be
-set before torch loads, so the runs are made in a child process (`hashes`). A processor without
-AVX2 (or not x86) cannot run them so: the test skips there, saying why.
+set before torch loads, so the runs are made in child processes (`hashes`: two, one a core). A
+processor without AVX2 (or not x86) cannot run them so: the test skips there, saying why.
 """
 
 from __future__ import annotations
@@ -80,19 +80,32 @@ PINNED = {
 PINNED_KERNELS = "AVX2"  # what torch.backends.cpu.get_cpu_capability() says under PINNED
 
 
-def hashes(examples: list[Path]) -> dict[str, str]:
+def hashes(examples: list[Path], processes: int = 2) -> dict[str, str]:
     """Each example's short-run hash (stem → hash, or "error: …" where its run failed), trained
-    in one child process with the numerics pinned; under "kernels", the ATen kernels it ran."""
-    result = subprocess.run(
-        [sys.executable, __file__, "--print-json", *[e.stem for e in examples]],
-        env={**os.environ, **PINNED},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"the pinned example runs failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.splitlines()[-1])
+    with the numerics pinned in `processes` child processes side by side (each one thread: one a
+    core); under "kernels", the ATen kernels they ran."""
+    groups = [examples[start::processes] for start in range(processes)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--print-json", *[e.stem for e in group]],
+            env={**os.environ, **PINNED},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for group in groups
+        if group
+    ]
+    out: dict[str, str] = {}
+    for child in children:
+        stdout, stderr = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"the pinned example runs failed (exit {child.returncode}):\n{stderr[-3000:]}")
+        found = json.loads(stdout.splitlines()[-1])
+        if out.get("kernels", found["kernels"]) != found["kernels"]:
+            raise RuntimeError(f"the children ran other kernels: {out['kernels']} and {found['kernels']}")
+        out.update(found)
+    return out
 
 
 def run_hash(example: Path, folder: Path) -> str:

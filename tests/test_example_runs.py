@@ -16,7 +16,7 @@ TRAINED = sorted(set(same_run().values()))  # one example of those that are one 
 
 @pytest.fixture(scope="module")
 def trained() -> dict[str, str]:
-    """Every trained example's hash, in one child process with pinned numerics (example_runs.py)."""
+    """Every trained example's hash, from two child processes with pinned numerics (example_runs.py)."""
     return hashes(TRAINED)
 
 
