@@ -107,7 +107,12 @@ def stacked_gradient_penalty(
     StackedMLP or a StackedConv (with its `use`)."""
     x_hat = (eps * real.detach() + (1 - eps) * fake.detach()).requires_grad_(True)
     (grad,) = torch.autograd.grad(layout.forward(params, x_hat, labels, use).sum(), x_hat, create_graph=True)
-    return (grad.flatten(2).norm(2, dim=2) - 1).square().mean(-1)
+    return penalty_of(grad)
+
+
+def penalty_of(input_gradient: Tensor) -> Tensor:
+    """WGAN-GP's E[(‖∇D(x̂)‖₂ − 1)²] for each member (M,) from its critic's input gradients (M, B, …)."""
+    return (input_gradient.flatten(2).norm(2, dim=2) - 1).square().mean(-1)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
