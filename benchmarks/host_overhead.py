@@ -10,7 +10,7 @@ a GPU; the H100's 12×12 grid spent ~1.1 s an iteration outside its training ste
 
 Each row is one child process (fresh interpreter): `--baseline` REV's code from a git worktree,
 then this checkout's, without and with `gc.freeze()` after start-up (as `palomino train` and the
-services now do, palomino/heap.py). Seconds an iteration (wall, median of `--iterations` after a
+cell worker and scorer now do, palomino/heap.py). Seconds an iteration (wall, median of `--iterations` after a
 warm-up one) by phase, the collector's own seconds, and the ratio against the baseline.
 
     python benchmarks/host_overhead.py                 # 12×12 against 0476c84

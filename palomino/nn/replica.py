@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
+_REPLACED = frozenset({"_parameters", "_buffers", "_modules"})  # built anew below, not copied first
+
 
 def replica(module: nn.Module, tensors: Mapping[str, Tensor]) -> nn.Module:
     """A copy of `module` whose parameters are `tensors[name]` (as they are, no copy, each made
@@ -44,9 +46,6 @@ def _replica(module: nn.Module, prefix: str, tensors: Mapping[str, Tensor], done
     }
     new.__dict__.update(state)
     return new
-
-
-_REPLACED = frozenset({"_parameters", "_buffers", "_modules"})  # built anew below, not copied first
 
 
 def _shallow(value: object) -> object:
