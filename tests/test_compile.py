@@ -19,7 +19,16 @@ import pytest
 import torch
 from conftest import merge, palomino, tiny, write_yaml
 from tile_cases import CASES as TILE_CASES
-from tile_cases import assert_same_cells, assert_same_reports, make_cells, neighbourhoods, ring64
+from tile_cases import (
+    CONV_CASES,
+    assert_same_cells,
+    assert_same_reports,
+    conv_config,
+    images64,
+    make_cells,
+    neighbourhoods,
+    ring64,
+)
 
 from palomino.coevolution.tile import Tile, use_compile
 from palomino.coevolution.tile_training import TileData
@@ -77,6 +86,44 @@ def test_a_compiled_tile_trains_as_the_eager_tile_and_compiles_once(float64: Non
     assert not counters["graph_break"]
     assert_same_reports(expected, got)
     assert_same_cells(eager, compiled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("changes", CONV_CASES)
+def test_a_compiled_convolutional_tile_trains_as_the_eager_tile_buffers_included(float64: None, changes: dict) -> None:
+    """DCGAN's BatchNorm and SNGAN's power iterations advance from fixed-shape tables in a
+    compiled step (stacked_buffers.BufferTurns): the same numbers as the eager tile, running
+    statistics and u, v included, and no recompilation after the first iteration."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager_cfg, compiled_cfg = conv_config(changes, compile="off"), conv_config(changes, compile="on")
+    dataset = images64(labelled=eager_cfg.network.conditional)
+    eager, compiled = make_cells(eager_cfg, dataset), make_cells(compiled_cfg, dataset)
+    expected = iterate(Tile(eager), 3)
+    tile, first = Tile(compiled), {}
+    got = iterate(tile, 3, lambda: first.update(counters["stats"]))
+    assert tile.data[0]._batches, "the tile trained through its compiled steps"
+    assert counters["stats"] == first, "recompiled after the first iteration"
+    assert not counters["graph_break"]
+    assert_same_reports(expected, got)
+    assert_same_cells(eager, compiled)
+    assert any("running_var" in key or "_v" in key for key in compiled[0].state()[0])
+
+
+def test_compile_auto_leaves_convolutional_stacks_eager() -> None:
+    """auto compiles the perceptrons' stacks on a GPU; convolutional ones only when asked (on, graphs)."""
+    from palomino.coevolution.tile_compiled import compilable
+    from palomino.nn import build_discriminator, build_generator
+    from palomino.nn.stack_layout import layout_of
+
+    def layouts(spec: Any, shape: tuple[int, ...], kind: str) -> tuple[Any, Any]:
+        return layout_of(build_generator(spec, shape, kind)), layout_of(build_discriminator(spec, shape, kind))
+
+    dcgan = layouts(conv_config({"network": {"name": "dcgan"}}).network, (1, 28, 28), "image")
+    assert not compilable(*dcgan, asked=False) and compilable(*dcgan, asked=True)
+    assert compilable(*layouts(parse_config(tiny()).network, (2,), "points"), asked=False)
 
 
 @pytest.mark.slow

@@ -20,10 +20,12 @@ import torch
 from conftest import benchmark_module, float32_dataset, palomino, tiny, write_yaml
 from tile_cases import (
     CASES,
-    POPULATION_2_MUTATED_SKIP,
+    CONV_CASES,
     assert_same_cells,
     assert_same_reports,
     config,
+    conv_config,
+    images64,
     make_cells,
     neighbourhoods,
     ring64,
@@ -37,7 +39,8 @@ from palomino.nn import build_discriminator, build_generator
 from palomino.nn.stack_layout import layout_of, tileable
 from palomino.nn.stacked import StackedMLP, gather, stack, stack_buffers, stackable, unstack
 from palomino.nn.stacked_adam import StackedAdam
-from palomino.nn.stacked_conv import BufferUse, StackedConv
+from palomino.nn.stacked_buffers import BufferTurns, BufferUse, Turns, turn_tables
+from palomino.nn.stacked_conv import StackedConv
 
 
 def one_by_one(cells: list[Cell], iterations: int) -> list[dict]:
@@ -108,11 +111,16 @@ CONV_NETWORKS = [
 ]
 
 
+@pytest.mark.parametrize("tables", [False, True], ids=["eager-rounds", "fixed-turns"])
 @pytest.mark.parametrize(("network", "shape"), CONV_NETWORKS)
-def test_stacked_convolutions_match_each_member_buffers_included(float64: None, network: dict, shape: tuple) -> None:
+def test_stacked_convolutions_match_each_member_buffers_included(
+    float64: None, network: dict, shape: tuple, tables: bool
+) -> None:
     """Slots may repeat a member (two generators facing one critic) or be inactive: each active
     slot computes what its member's module computes at that point, and the members' running
-    statistics and power iterations advance once per active slot, in slot order."""
+    statistics and power iterations advance once per active slot, in slot order. Both forms of
+    the bookkeeping: the eager rounds, and the compiled steps' tables of one shape (3 rounds
+    for a member run twice: a spare round changes nothing)."""
     spec = config(network={"width": 4, "latent_dim": 8, **network}).network
     labels = 3 if spec.conditional else None
     for build in (build_generator, build_discriminator):
@@ -127,7 +135,13 @@ def test_stacked_convolutions_match_each_member_buffers_included(float64: None, 
         slots, active = [0, 2, 2, 1, 2], [True, True, True, False, True]
         x = torch.randn(len(slots), 5, 8) if build is build_generator else torch.randn(len(slots), 5, *shape)
         y = torch.randint(0, 3, (len(slots), 5)) if labels else None
-        out = layout.forward(gather(params, torch.tensor(slots)), x, y, BufferUse(buffers, slots, active))
+        if tables:
+            use = BufferTurns(buffers, Turns(*map(torch.from_numpy, turn_tables(slots, active, 3, rounds=3))))
+        else:
+            use = BufferUse(buffers, slots, active)
+        out = layout.forward(gather(params, torch.tensor(slots)), x, y, use)
+        for name, value in use.buffers.items():  # the tables' form replaces its own entries
+            buffers[name].copy_(value)
         for slot, (member, on) in enumerate(zip(slots, active)):
             if on:  # the twins run in slot order, as cells do one by one
                 twin = twins[member]
@@ -372,40 +386,11 @@ def test_cells_on_different_batch_sizes_share_a_tile(float64: None) -> None:
     assert_same_cells(alone, together)
 
 
-def images64(labelled: bool = False, shape: tuple[int, ...] = (1, 28, 28)) -> Dataset:
-    """64 random images (and 3 labels), float32 by contract; make_cells moves them to float64."""
-    generator = torch.Generator().manual_seed(0)
-    samples = torch.rand(64, *shape, generator=generator, dtype=torch.float32) * 2 - 1
-    labels = torch.arange(64) % 3 if labelled else None
-    return Dataset("images", samples, labels, "image")
-
-
-CONV_CASES = [
-    pytest.param({"network": {"name": "dcgan"}}, id="dcgan-minimax"),
-    pytest.param(
-        {"network": {"name": "dcgan"}, "training": POPULATION_2_MUTATED_SKIP},
-        id="dcgan-population-2-mutated-rates-skip",
-    ),
-    pytest.param(
-        {"network": {"name": "sngan"}, "training": {"losses": ["minimax", "wgan_gp"], "batches_per_iteration": 4}},
-        id="sngan-mustangs-wgan-gp",
-    ),
-    pytest.param({"network": {"name": "sngan", "conditional": True, "label_dim": 4}}, id="conditional-sngan"),
-]
-
-
 @pytest.mark.parametrize("changes", CONV_CASES)
 def test_a_dcgan_tile_iterates_as_its_cells_do_one_by_one(float64: None, changes: dict) -> None:
     """BatchNorm's running statistics (which the mixture samples with) and spectral norm's u and v
     are part of each cell's state: the tile advances them as the cells do."""
-    merged: dict[str, Any] = {
-        "grid": {"rows": 1, "cols": 2},
-        "training": {"iterations": 3, "batches_per_iteration": 2, "batch_size": 8, "fitness": {"sample_size": 8}},
-    }
-    for section, values in changes.items():
-        merged[section] = {**merged.get(section, {}), **values}
-    merged["network"] = {"width": 4, "latent_dim": 8, **merged["network"]}
-    cfg = parse_config(tiny(**merged))
+    cfg = conv_config(changes)
     dataset = images64(labelled=cfg.network.conditional)
     alone, together = make_cells(cfg, dataset), make_cells(cfg, dataset)
     assert not use_tile(cfg, alone)  # auto: convolutions are compute-bound on a CPU, one by one there

@@ -1,6 +1,6 @@
 """What tests/test_tiles.py and tests/test_compile.py share: the ring toy's cells, their
-neighbourhoods, a tile's cases (every loss, Mustangs, populations, conditional networks) and
-the comparisons of two sets of cells and of their reports."""
+neighbourhoods, a tile's cases (every loss, Mustangs, populations, conditional networks), the
+convolutional cases on random images, and the comparisons of two sets of cells and of their reports."""
 
 from __future__ import annotations
 
@@ -112,3 +112,37 @@ CASES = [
         id="regions-decay-3x3",
     ),
 ]
+
+
+def images64(labelled: bool = False, shape: tuple[int, ...] = (1, 28, 28)) -> Dataset:
+    """64 random images (and 3 labels), float32 by contract; make_cells moves them to float64."""
+    generator = torch.Generator().manual_seed(0)
+    samples = torch.rand(64, *shape, generator=generator, dtype=torch.float32) * 2 - 1
+    labels = torch.arange(64) % 3 if labelled else None
+    return Dataset("images", samples, labels, "image")
+
+
+CONV_CASES = [
+    pytest.param({"network": {"name": "dcgan"}}, id="dcgan-minimax"),
+    pytest.param(
+        {"network": {"name": "dcgan"}, "training": POPULATION_2_MUTATED_SKIP},
+        id="dcgan-population-2-mutated-rates-skip",
+    ),
+    pytest.param(
+        {"network": {"name": "sngan"}, "training": {"losses": ["minimax", "wgan_gp"], "batches_per_iteration": 4}},
+        id="sngan-mustangs-wgan-gp",
+    ),
+    pytest.param({"network": {"name": "sngan", "conditional": True, "label_dim": 4}}, id="conditional-sngan"),
+]
+
+
+def conv_config(changes: dict[str, Any], **top: Any) -> ExperimentConfig:
+    """Two cells of tiny convolutional networks (width 4, 8 latent dimensions) on images64, with `changes` merged by section."""
+    merged: dict[str, Any] = {
+        "grid": {"rows": 1, "cols": 2},
+        "training": {"iterations": 3, "batches_per_iteration": 2, "batch_size": 8, "fitness": {"sample_size": 8}},
+    }
+    for section, values in changes.items():
+        merged[section] = {**merged.get(section, {}), **values}
+    merged["network"] = {"width": 4, "latent_dim": 8, **merged["network"]}
+    return parse_config(tiny(**merged, **top))

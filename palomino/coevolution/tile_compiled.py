@@ -24,8 +24,11 @@ update writes its inputs in place, which CUDA graph trees do not record, so it r
 without a graph; a step's losses, kept for the reports, are copied before the next replay
 overwrites them. On a CPU the mode compiles as `on` does (the config refuses it there).
 
-Left eager: the convolutional stacks (their BatchNorm and spectral-norm buffers advance per member
-from host-side lists).
+The convolutional stacks' BatchNorm running statistics and spectral-norm vectors advance per member
+in the one-by-one order; their eager bookkeeping cuts slots into rounds that change from batch to
+batch, so a compiled step takes `BufferTurns` (stacked_buffers.py) instead: tables of one shape for
+the run. A step takes both roles' buffers and returns them as it leaves them, and the tile copies
+them back; nothing is written in place inside a compiled function.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from torch import Tensor
 
 from palomino.cache import cache_root
 from palomino.nn import GanLoss
+from palomino.nn.stack_layout import StackLayout
 from palomino.nn.stacked import Params, StackedMLP, penalty_of
 from palomino.nn.stacked_adam import masked_update
+from palomino.nn.stacked_buffers import Buffers, BufferTurns, Turns
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +57,11 @@ def keep_compiled_code() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "torchinductor"))
 
 
-def compilable(g_layout: object, d_layout: object) -> bool:
-    """Whether a stack's networks take the compiled path: the perceptrons (no buffers)."""
-    return isinstance(g_layout, StackedMLP) and isinstance(d_layout, StackedMLP)
+def compilable(g_layout: StackLayout, d_layout: StackLayout, asked: bool) -> bool:
+    """Whether a stack's networks take the compiled path: the perceptrons' wherever a tile
+    compiles; the convolutional stacks' only where `compile` asks for it (`on`, `graphs`), not
+    under `auto`, which has not timed them on a GPU."""
+    return asked or (isinstance(g_layout, StackedMLP) and isinstance(d_layout, StackedMLP))
 
 
 class CompiledBatch:
@@ -63,8 +70,8 @@ class CompiledBatch:
 
     def __init__(
         self,
-        g_layout: StackedMLP,
-        d_layout: StackedMLP,
+        g_layout: StackLayout,
+        d_layout: StackLayout,
         losses: Sequence[GanLoss],
         strict: bool = True,
         graphs: bool = False,
@@ -88,12 +95,23 @@ class CompiledBatch:
         return [order.index(name) if name else -1 for name in names]
 
     def _generator_values(
-        self, g: Params, d: Params, z: Tensor, labels: Tensor | None, weights: Tensor | None, mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        fake = self.g_layout.forward(g, z, labels)
-        logits = self.d_layout.forward(d, fake, labels)
+        self,
+        g: Params,
+        d: Params,
+        z: Tensor,
+        labels: Tensor | None,
+        weights: Tensor | None,
+        mask: Tensor,
+        buffers: tuple[Buffers, Buffers],
+        turns: tuple[Turns | None, Turns | None],
+    ) -> tuple[Tensor, Tensor, Buffers, Buffers]:
+        """The members' losses, their masked sum, and both roles' buffers as the step leaves them
+        (`turns`: the generators' own and their opponents', None where a role keeps no buffers)."""
+        g_use, d_use = _uses(buffers, turns)
+        fake = self.g_layout.forward(g, z, labels, g_use)
+        logits = self.d_layout.forward(d, fake, labels, d_use)
         values = _chosen([loss.generator(logits) for loss in self.losses], weights)
-        return values, (values * mask).sum()
+        return values, (values * mask).sum(), *_left(buffers, (g_use, d_use))
 
     def _discriminator_values(
         self,
@@ -105,22 +123,57 @@ class CompiledBatch:
         weights: Tensor | None,
         mask: Tensor,
         eps: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
+        buffers: tuple[Buffers, Buffers],
+        turns: tuple[Turns | None, Turns | None, Turns | None],
+    ) -> tuple[Tensor, Tensor, Buffers, Buffers]:
+        """As the generators' step; `turns`: the opponents', the critics' own (real then fake),
+        and the penalised critics' (WGAN-GP's forward on the interpolations)."""
+        g_use, d_use = _uses(buffers, turns[:2])
         with torch.no_grad():
-            fake = self.g_layout.forward(g, z, labels)
-        real_logits = self.d_layout.forward(d, real, labels)
-        fake_logits = self.d_layout.forward(d, fake, labels)
+            fake = self.g_layout.forward(g, z, labels, g_use)
+        real_logits = self.d_layout.forward(d, real, labels, d_use)
+        fake_logits = self.d_layout.forward(d, fake, labels, d_use)
         per_loss = [loss.discriminator_from_logits(real_logits, fake_logits) for loss in self.losses]
         if eps is not None:
-            penalty = self._penalty(d, real, fake, eps, labels)
+            penalty, d_use = self._penalty(d, real, fake, eps, labels, d_use, turns[2])
             per_loss = [v + loss.gp_weight * penalty if loss.gp_weight else v for v, loss in zip(per_loss, self.losses)]
         values = _chosen(per_loss, weights)
-        return values, (values * mask).sum()
+        return values, (values * mask).sum(), *_left(buffers, (g_use, d_use))
 
-    def _penalty(self, d: Params, real: Tensor, fake: Tensor, eps: Tensor, labels: Tensor | None) -> Tensor:
-        """stacked_gradient_penalty per member, its input gradient taken by torch.func (which traces)."""
+    def _penalty(
+        self,
+        d: Params,
+        real: Tensor,
+        fake: Tensor,
+        eps: Tensor,
+        labels: Tensor | None,
+        use: BufferTurns | None,
+        turns: Turns | None,
+    ) -> tuple[Tensor, BufferTurns | None]:
+        """stacked_gradient_penalty per member, its input gradient taken by torch.func (which traces).
+        A critic with buffers advances them on the interpolations (the penalised members' only), so
+        they come out of the transform as its auxiliary output."""
         x_hat = eps * real + (1 - eps) * fake
-        return penalty_of(torch.func.grad(lambda x: self.d_layout.forward(d, x, labels).sum())(x_hat))
+
+        def critic(x: Tensor, buffers: Buffers) -> tuple[Tensor, Buffers]:
+            inner = BufferTurns(buffers, turns) if turns is not None else None
+            return self.d_layout.forward(d, x, labels, inner).sum(), inner.buffers if inner else {}
+
+        gradient, buffers = torch.func.grad(critic, has_aux=True)(x_hat, use.buffers if use else {})
+        if use is not None:
+            use.buffers = buffers
+        return penalty_of(gradient), use
+
+
+def _uses(buffers: tuple[Buffers, Buffers], turns: Sequence[Turns | None]) -> tuple[BufferTurns | None, ...]:
+    """Each role's bookkeeping for a compiled step (None: the role's networks keep no buffers)."""
+    return tuple(BufferTurns(b, t) if t is not None else None for b, t in zip(buffers, turns))
+
+
+def _left(buffers: tuple[Buffers, Buffers], uses: tuple[BufferTurns | None, ...]) -> tuple[Buffers, Buffers]:
+    """Each role's buffers after the step: its bookkeeping's, or as they came."""
+    g, d = (use.buffers if use is not None else given for use, given in zip(uses, buffers))
+    return g, d
 
 
 def _chosen(per_loss: list[Tensor], weights: Tensor | None) -> Tensor:

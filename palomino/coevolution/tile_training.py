@@ -23,14 +23,15 @@ from palomino.coevolution.individual import Individual
 from palomino.coevolution.plan import IterationPlan
 from palomino.coevolution.schedule import decay_factor
 from palomino.coevolution.tile_compiled import CompiledBatch, compilable
+from palomino.coevolution.tile_turns import StepTurns, most_trained, step_turns
 from palomino.coevolution.training import Steps, Training
 from palomino.nn import GanLoss, get_loss
-from palomino.nn.host import upload
+from palomino.nn.host import upload, upload_all
 from palomino.nn.precision import matmul_precision
 from palomino.nn.stack_layout import StackLayout, layout_of
 from palomino.nn.stacked import gather, stack, stack_buffers, stacked_gradient_penalty
 from palomino.nn.stacked_adam import StackedAdam
-from palomino.nn.stacked_conv import BufferUse
+from palomino.nn.stacked_buffers import BufferUse
 
 
 @dataclass
@@ -190,18 +191,14 @@ class _Tables:
         self.g_opponents = long["g_opponent"].tolist()
         self.d_opponents = long["d_opponent"].tolist()
         # The integer tables and the masks each in one copy to the device.
-        self.on_device = _upload_all(long, samples.device)
-        self.active_on = _upload_all({"g": self.g_active, "d": self.d_active}, samples.device)
+        self.on_device = upload_all(long, samples.device)
+        self.active_on = upload_all({"g": self.g_active, "d": self.d_active}, samples.device)
 
 
-def _upload_all(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
-    """Host arrays of one dtype on the device in one copy, cut back into one view each."""
-    flat = upload(torch.from_numpy(np.concatenate([value.ravel() for value in arrays.values()])), device)
-    out, start = {}, 0
-    for name, value in arrays.items():
-        out[name] = flat[start : start + value.size].view(value.shape)
-        start += value.size
-    return out
+def _copy_back(buffers: dict[str, Tensor], stepped: dict[str, Tensor]) -> None:
+    """A compiled step's buffers into the stack's own (which the members' rows view)."""
+    for name, value in stepped.items():
+        buffers[name].copy_(value)
 
 
 def _offsets(counts: list[int]) -> list[int]:
@@ -228,7 +225,7 @@ class TileData:
 
     def compiled_batch(self, batch: int, g: _Role, d: _Role, losses: list[str]) -> CompiledBatch | None:
         """The compiled steps for stacks of this batch size (built on first use), or None: eager."""
-        if not (self.compiled and compilable(g.layout, d.layout)):
+        if not (self.compiled and compilable(g.layout, d.layout, asked=self.strict)):
             return None
         if batch not in self._batches:
             losses_ = [get_loss(name) for name in losses]
@@ -283,9 +280,10 @@ class _Lockstep:
             role: self.tables.rates[role] * np.array([self.scales[lane] for lane in members.lane_of])
             for role, members in (("g", self.g), ("d", self.d))
         }
-        self.rates = _upload_all(scaled, self.device)
+        self.rates = upload_all(scaled, self.device)
         self.compiled = data.compiled_batch(lanes[0].batch_size, self.g, self.d, self.config.losses)
         self.weights = self._loss_weights() if self.compiled and len(self.compiled.losses) > 1 else None
+        self.turns = self._buffer_turns() if self.compiled and (self.g.buffers or self.d.buffers) else None
         self.g_losses: list[tuple[Tensor, list[bool]]] = []
         self.d_losses: list[tuple[Tensor, list[bool]]] = []
 
@@ -343,7 +341,31 @@ class _Lockstep:
                         table[step, loss, member] = 1.0
             out[role] = table
         dtype = self.g.params[self.g.layout.names[0]].dtype
-        return {role: value.to(dtype) for role, value in _upload_all(out, self.device).items()}
+        return {role: value.to(dtype) for role, value in upload_all(out, self.device).items()}
+
+    def _buffer_turns(self) -> list[StepTurns]:
+        """A compiled tile of convolutional stacks: each step's buffer tables (tile_turns.py)."""
+        assert self.compiled is not None
+        tables = self.tables
+        penalised = None
+        if self.compiled.penalised:
+            gp = {loss.name for loss in self.compiled.losses if loss.gp_weight}
+            penalised = np.array([[name in gp for name in row] for row in tables.d_losses], bool).reshape(
+                tables.d_active.shape
+            )
+        return step_turns(
+            tables.g_active,
+            tables.d_active,
+            tables.g_opponents,
+            tables.d_opponents,
+            (
+                most_trained([len(lane.generators) for lane in self.lanes]),
+                most_trained([len(lane.discriminators) for lane in self.lanes]),
+            ),
+            (bool(self.g.buffers), bool(self.d.buffers)),
+            penalised,
+            self.device,
+        )
 
     def _generator_step(self, step: int, active: list[bool]) -> Tensor:
         tables, index = self.tables, self.tables.on_device
@@ -353,9 +375,19 @@ class _Lockstep:
         if self.compiled is not None:
             params = self.d.frozen(opponents, index["g_opponent"][step], by_chance=False)
             weights = None if self.weights is None else self.weights["g"][step]
-            values, total = self.compiled.generator_step(
-                self.g.params, params, z, labels, weights, tables.active_on["g"][step]
+            turns = self.turns[step] if self.turns else None
+            values, total, g_buffers, d_buffers = self.compiled.generator_step(
+                self.g.params,
+                params,
+                z,
+                labels,
+                weights,
+                tables.active_on["g"][step],
+                (self.g.buffers, self.d.buffers),
+                (turns.g_own, turns.d_facing_g) if turns else (None, None),
             )
+            _copy_back(self.g.buffers, g_buffers)
+            _copy_back(self.d.buffers, d_buffers)
             self._compiled_update(self.g, total, tables.active_on["g"][step], self.rates["g"][step])
             return self._kept(values)
         fake = self.g.layout.forward(self.g.params, z, labels, self.g.use(None, active))
@@ -377,9 +409,21 @@ class _Lockstep:
             params = self.g.frozen(opponents, index["d_opponent"][step], by_chance=False)
             weights = None if self.weights is None else self.weights["d"][step]
             eps = self._interpolations(step, real) if self.compiled.penalised else None
-            values, total = self.compiled.discriminator_step(
-                self.d.params, params, z, real, labels, weights, tables.active_on["d"][step], eps
+            turns = self.turns[step] if self.turns else None
+            values, total, g_buffers, d_buffers = self.compiled.discriminator_step(
+                self.d.params,
+                params,
+                z,
+                real,
+                labels,
+                weights,
+                tables.active_on["d"][step],
+                eps,
+                (self.g.buffers, self.d.buffers),
+                (turns.g_facing_d, turns.d_own, turns.d_penalised) if turns else (None, None, None),
             )
+            _copy_back(self.g.buffers, g_buffers)
+            _copy_back(self.d.buffers, d_buffers)
             self._compiled_update(self.d, total, tables.active_on["d"][step], self.rates["d"][step])
             return self._kept(values)
         with torch.no_grad():

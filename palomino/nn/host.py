@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -69,3 +70,13 @@ def upload(values: Tensor | Sequence[Any], device: torch.device, dtype: torch.dt
     if traffic is not None:
         traffic.uploads += 1
     return tensor.to(device, non_blocking=True)
+
+
+def upload_all(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
+    """Host arrays of one dtype on the device in one copy, cut back into one view each."""
+    flat = upload(torch.from_numpy(np.concatenate([value.ravel() for value in arrays.values()])), device)
+    out, start = {}, 0
+    for name, value in arrays.items():
+        out[name] = flat[start : start + value.size].view(value.shape)
+        start += value.size
+    return out

@@ -9,7 +9,7 @@ each member's BatchNorm does. The projection (generator) and the head (discrimin
 Unlike a perceptron, these networks change state when they run in training mode: BatchNorm's
 running statistics (which the mixture samples with) and spectral normalisation's power
 iteration (its u and v). A cell updates them on every forward, its opponents' too; a stack
-updates them per member in the same order (`BufferUse`): a discriminator that two of a
+updates them per member in the same order (stacked_buffers.py): a discriminator that two of a
 cell's generators face in one batch takes two power iterations, the second generator seeing
 the weights after both, as one by one. So the stacked run is the one-by-one run, buffers
 included (tests/test_tiles.py, float64).
@@ -17,7 +17,6 @@ included (tests/test_tiles.py, float64).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,39 +26,11 @@ from torch.nn.utils import parametrize
 
 from palomino.nn.conditional import ConditionalDCGANDiscriminator, ConditionalDCGANGenerator
 from palomino.nn.dcgan import DCGANDiscriminator, DCGANGenerator
-from palomino.nn.host import upload
 from palomino.nn.stacked import Params, linear
+from palomino.nn.stacked_buffers import BufferTurns, BufferUse
 
+Use = BufferUse | BufferTurns  # the buffers' bookkeeping, eager or compiled (stacked_buffers.py)
 STACKABLE_CONV = (DCGANGenerator, DCGANDiscriminator, ConditionalDCGANGenerator, ConditionalDCGANDiscriminator)
-
-
-class BufferUse:
-    """Which member's buffers each slot of a stacked call updates, in the one-by-one order.
-
-    `members[s]` is the member that slot s runs (None: slot s is member s); inactive slots
-    (a lane that has done its batches, a skipped step) update nothing. A member that several
-    slots run is updated once per slot, slot after slot: the slots are cut into rounds in
-    which every member appears at most once.
-    """
-
-    def __init__(self, buffers: Params, members: Sequence[int] | None, active: Sequence[bool]) -> None:
-        self.buffers = buffers
-        slots = len(active)
-        members = list(range(slots)) if members is None else list(members)
-        device = next(iter(buffers.values())).device if buffers else torch.device("cpu")
-        self.members = _long(members, device)
-        seen: dict[int, int] = {}
-        rounds: list[tuple[list[int], list[int]]] = []
-        for slot, (member, on) in enumerate(zip(members, active)):
-            if not on:
-                continue
-            turn = seen.get(member, 0)
-            seen[member] = turn + 1
-            if turn == len(rounds):
-                rounds.append(([], []))
-            rounds[turn][0].append(slot)
-            rounds[turn][1].append(member)
-        self.rounds = [(_long(s, device), _long(m, device)) for s, m in rounds]
 
 
 @dataclass(frozen=True)
@@ -99,22 +70,13 @@ class _Spectral:
         base = f"{prefix}parametrizations.weight."
         return cls(base + "original", base + "0._u", base + "0._v", norm.n_power_iterations, norm.eps)
 
-    def weight(self, params: Params, use: BufferUse | None) -> Tensor:
+    def weight(self, params: Params, use: Use | None) -> Tensor:
         """Each slot's weight ÷ its spectral norm, after the power iterations its forwards take."""
         weight = params[self.original]
         if use is None:
             raise ValueError("a spectrally normalised stack needs its members' u and v (a BufferUse)")
-        u_all, v_all = use.buffers[self.u], use.buffers[self.v]
-        with torch.no_grad():
-            matrix = weight.detach().flatten(2)  # (slots, out, in·k·k), as torch reshapes dim 0
-            u, v = u_all[use.members], v_all[use.members]
-            for slots, members in use.rounds:
-                mu, mv, w = u_all[members], v_all[members], matrix[slots]
-                for _ in range(self.iterations):
-                    mu = F.normalize(torch.bmm(w, mv.unsqueeze(2)).squeeze(2), dim=1, eps=self.eps)
-                    mv = F.normalize(torch.bmm(w.transpose(1, 2), mu.unsqueeze(2)).squeeze(2), dim=1, eps=self.eps)
-                u_all[members], v_all[members] = mu, mv
-                u[slots], v[slots] = mu, mv
+        with torch.no_grad():  # (slots, out, in·k·k), as torch reshapes dim 0
+            u, v = use.iterate(self.u, self.v, weight.detach().flatten(2), self.iterations, self.eps)
         sigma = (u * torch.bmm(weight.flatten(2), v.unsqueeze(2)).squeeze(2)).sum(1)
         return weight / sigma.view(-1, *([1] * (weight.dim() - 1)))
 
@@ -159,7 +121,7 @@ class StackedConv:
             buffer_names=tuple(name for name, _ in template.named_buffers()),
         )
 
-    def forward(self, params: Params, x: Tensor, labels: Tensor | None = None, use: BufferUse | None = None) -> Tensor:
+    def forward(self, params: Params, x: Tensor, labels: Tensor | None = None, use: Use | None = None) -> Tensor:
         """Generators: z (M, B, latent) → images (M, B, C, H, W); discriminators: images → logits (M, B).
         `use` names the members whose running statistics and power iterations these slots advance."""
         if self.conditional and labels is None:
@@ -168,7 +130,7 @@ class StackedConv:
             return self._generate(params, x, labels, use)
         return self._discriminate(params, x, labels, use)
 
-    def _generate(self, params: Params, z: Tensor, labels: Tensor | None, use: BufferUse | None) -> Tensor:
+    def _generate(self, params: Params, z: Tensor, labels: Tensor | None, use: Use | None) -> Tensor:
         if self.conditional:
             z = torch.cat([z, _embedded(params["embed.weight"], labels)], dim=2)
         h = linear(z, params[self.end + "weight"], params[self.end + "bias"])
@@ -177,7 +139,7 @@ class StackedConv:
         h = self._body(params, h, use)
         return h.view(batch, slots, *self.sample_shape).transpose(0, 1)
 
-    def _discriminate(self, params: Params, x: Tensor, labels: Tensor | None, use: BufferUse | None) -> Tensor:
+    def _discriminate(self, params: Params, x: Tensor, labels: Tensor | None, use: Use | None) -> Tensor:
         slots, batch = x.shape[:2]
         if self.conditional:
             plane = _embedded(params["embed.weight"], labels).view(slots, batch, 1, self.side, self.side)
@@ -187,7 +149,7 @@ class StackedConv:
         weight = self._weight(params, self.end, self.end_spectral, use)
         return linear(h, weight, params[self.end + "bias"]).squeeze(-1)
 
-    def _body(self, params: Params, h: Tensor, use: BufferUse | None) -> Tensor:
+    def _body(self, params: Params, h: Tensor, use: Use | None) -> Tensor:
         for layer in self.layers:
             if isinstance(layer, _Conv):
                 h = self._conv(params, layer, h, use)
@@ -197,7 +159,7 @@ class StackedConv:
                 h = layer(h)
         return h
 
-    def _conv(self, params: Params, layer: _Conv, h: Tensor, use: BufferUse | None) -> Tensor:
+    def _conv(self, params: Params, layer: _Conv, h: Tensor, use: Use | None) -> Tensor:
         weight = self._weight(params, layer.prefix, layer.spectral, use)
         slots = weight.shape[0]
         bias = params[layer.prefix + "bias"].reshape(-1) if layer.bias else None
@@ -207,7 +169,7 @@ class StackedConv:
         return F.conv2d(h, kernel, bias, layer.stride, layer.padding, groups=slots)
 
     @staticmethod
-    def _weight(params: Params, prefix: str, spectral: _Spectral | None, use: BufferUse | None) -> Tensor:
+    def _weight(params: Params, prefix: str, spectral: _Spectral | None, use: Use | None) -> Tensor:
         return params[prefix + "weight"] if spectral is None else spectral.weight(params, use)
 
 
@@ -244,26 +206,15 @@ def _embedded(table: Tensor, labels: Tensor | None) -> Tensor:
     return table[torch.arange(len(table), device=table.device)[:, None], labels]
 
 
-def _batch_norm(params: Params, layer: _Norm, h: Tensor, use: BufferUse | None) -> Tensor:
+def _batch_norm(params: Params, layer: _Norm, h: Tensor, use: Use | None) -> Tensor:
     """Training-mode BatchNorm of every member's channels; each slot's batch statistics then move
     its member's running statistics, as `nn.BatchNorm2d` moves them in training mode."""
     weight, bias = params[layer.prefix + "weight"], params[layer.prefix + "bias"]
     out = F.batch_norm(h, None, None, weight.reshape(-1), bias.reshape(-1), True, 0.0, layer.eps)
-    if use is not None and use.rounds:
+    if use is not None:
         with torch.no_grad():
             slots = weight.shape[0]
             mean = h.mean((0, 2, 3)).view(slots, -1)
             var = h.var((0, 2, 3), unbiased=True).view(slots, -1)
-            running_mean = use.buffers[layer.prefix + "running_mean"]
-            running_var = use.buffers[layer.prefix + "running_var"]
-            count = use.buffers[layer.prefix + "num_batches_tracked"]
-            m = layer.momentum
-            for slot, member in use.rounds:
-                running_mean[member] = running_mean[member] * (1 - m) + mean[slot] * m
-                running_var[member] = running_var[member] * (1 - m) + var[slot] * m
-                count[member] += 1
+            use.track(layer.prefix, mean, var, layer.momentum)
     return out
-
-
-def _long(values: list[int], device: torch.device) -> Tensor:
-    return upload(values, device, torch.long)
