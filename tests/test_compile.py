@@ -35,7 +35,6 @@ from palomino.coevolution.tile_training import TileData
 from palomino.config import load_config, parse_config
 
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
-PERCEPTRONS = [e for e in EXAMPLES if load_config(e).network.name == "mlp"]  # the compiled stacks
 
 # The tile's cases (tests/tile_cases.py) that take different compiled paths.
 COMPILED_PATHS = {
@@ -127,12 +126,13 @@ def test_compile_auto_leaves_convolutional_stacks_eager() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", PERCEPTRONS, ids=lambda p: p.stem)
-def test_every_perceptron_example_compiles_in_its_first_iteration_only(
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_compiles_in_its_first_iteration_only(
     example: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Each example as `palomino train` runs it, tiled and compiled, 20 short iterations: every
-    compilation happens in the first (on this CPU a tile is two stacks, each compiled), none after."""
+    compilation happens in the first (on this CPU a tile is two stacks, each compiled), none after.
+    The convolutional examples' networks are narrowed (width 8): what compiles is the same."""
     from torch._dynamo.utils import counters
 
     from palomino.data import load_dataset
@@ -142,6 +142,8 @@ def test_every_perceptron_example_compiles_in_its_first_iteration_only(
     cfg = load_config(example)
     if cfg.data.name == "mnist":
         request.getfixturevalue("mnist_dir")  # skips without MNIST (fails under CI)
+    if cfg.data.name == "fashion_mnist":
+        request.getfixturevalue("fashion_mnist_dir")
     shrink = [
         "tiles=on",
         "compile=on",
@@ -152,6 +154,7 @@ def test_every_perceptron_example_compiles_in_its_first_iteration_only(
         "training.checkpoint_every=0",
         "training.sample_every=0",
         *(["data.split=test"] if cfg.data.name == "mnist" else []),
+        *(["network.width=8"] if cfg.network.name != "mlp" else []),
     ]
     cfg = load_config(example, shrink)
     torch._dynamo.reset()
