@@ -73,7 +73,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from palomino.baselines import Budget, train_independent
 from palomino.coevolution import Cell
 from palomino.coevolution.tile import Tile, _split
-from palomino.coevolution.tile_training import Lane, TileData, train_tile
+from palomino.coevolution.tile_data import TileData
+from palomino.coevolution.tile_lanes import Lane
+from palomino.coevolution.tile_training import train_tile
 from palomino.config import DataConfig, ExperimentConfig
 from palomino.config.loading import load_config
 from palomino.data import Dataset, data_dir, load_dataset

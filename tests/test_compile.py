@@ -31,7 +31,7 @@ from tile_cases import (
 )
 
 from palomino.coevolution.tile import Tile, use_compile
-from palomino.coevolution.tile_training import TileData
+from palomino.coevolution.tile_data import TileData
 from palomino.config import load_config, parse_config
 
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))

@@ -22,8 +22,10 @@ from palomino.coevolution.cell import Cell
 from palomino.coevolution.ensemble_search import FrechetScore
 from palomino.coevolution.iteration import IterationReport, MixtureDraw, Prepared, Run, Selected, Tables
 from palomino.coevolution.mixture_weights import MixtureScore
+from palomino.coevolution.tile_data import TileData
 from palomino.coevolution.tile_fitness import batchable, generate_each, tile_fitness
-from palomino.coevolution.tile_training import Lane, TileData, train_tile
+from palomino.coevolution.tile_lanes import Lane
+from palomino.coevolution.tile_training import train_tile
 from palomino.coevolution.training import Steps, read_means
 from palomino.config import ExperimentConfig
 from palomino.grid import Coord

@@ -1,4 +1,4 @@
-"""A tile's training batch through torch.compile (config `compile`; tile_training.py calls it).
+"""A tile's training batch through torch.compile (config `compile`; tile_compiled_steps.py calls it).
 
 Three compiled functions a stack, built once and kept between iterations: the generators' step
 (their forward, the opponents' forward, the losses, the masked sum), the discriminators' step
