@@ -19,8 +19,10 @@ class TileData:
     def __init__(self, compiled: bool = False, strict: bool = True, graphs: bool = False) -> None:
         self._datas: list[CellData] = []  # held, so that no other object can take their ids
         self._value: tuple[Tensor, Tensor | None, list[int]] | None = None
-        self.compiled = compiled  # train through tile_compiled.py where the networks allow
-        self.strict = strict  # a compiler failure is an error (compile: on), else eager (auto)
+        self.compiled = compiled  # train through tile_compiled_steps.py where the networks allow
+        # compile: on/graphs: a compiler failure is an error, and convolutional stacks compile too;
+        # auto: a failure trains eager, and only perceptron stacks compile.
+        self.strict = strict
         self.graphs = graphs  # compiled steps replayed as CUDA graphs (compile: graphs)
         self._batches: dict[int, CompiledBatch] = {}  # a batch size's compiled steps, kept for the run
 
