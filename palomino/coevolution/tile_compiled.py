@@ -135,7 +135,7 @@ class CompiledBatch:
         fake_logits = self.d_layout.forward(d, fake, labels, d_use)
         per_loss = [loss.discriminator_from_logits(real_logits, fake_logits) for loss in self.losses]
         if eps is not None:
-            penalty, d_use = self._penalty(d, real, fake, eps, labels, d_use, turns[2])
+            penalty = self._penalty(d, real, fake, eps, labels, d_use, turns[2])
             per_loss = [v + loss.gp_weight * penalty if loss.gp_weight else v for v, loss in zip(per_loss, self.losses)]
         values = _chosen(per_loss, weights)
         return values, (values * mask).sum(), *_left(buffers, (g_use, d_use))
@@ -149,10 +149,10 @@ class CompiledBatch:
         labels: Tensor | None,
         use: BufferTurns | None,
         turns: Turns | None,
-    ) -> tuple[Tensor, BufferTurns | None]:
+    ) -> Tensor:
         """stacked_gradient_penalty per member, its input gradient taken by torch.func (which traces).
-        A critic with buffers advances them on the interpolations (the penalised members' only), so
-        they come out of the transform as its auxiliary output."""
+        A critic with buffers advances them on the interpolations (the penalised members' only): they
+        come out of the transform as its auxiliary output, into `use`."""
         x_hat = eps * real + (1 - eps) * fake
 
         def critic(x: Tensor, buffers: Buffers) -> tuple[Tensor, Buffers]:
@@ -162,7 +162,7 @@ class CompiledBatch:
         gradient, buffers = torch.func.grad(critic, has_aux=True)(x_hat, use.buffers if use else {})
         if use is not None:
             use.buffers = buffers
-        return penalty_of(gradient), use
+        return penalty_of(gradient)
 
 
 def _uses(buffers: tuple[Buffers, Buffers], turns: Sequence[Turns | None]) -> tuple[BufferTurns | None, ...]:

@@ -18,6 +18,7 @@ from palomino.coevolution.tile_compiled import CompiledBatch
 from palomino.coevolution.tile_lanes import Lane, Role, Tables
 from palomino.coevolution.tile_turns import StepTurns, most_trained, step_turns
 from palomino.nn.host import upload_all
+from palomino.nn.stacked_buffers import Buffers
 
 
 class CompiledSteps:
@@ -36,7 +37,7 @@ class CompiledSteps:
         z, labels = tables.generator_inputs(step)
         params = self.d.frozen(tables.g_opponents[step], tables.on_device["g_opponent"][step], by_chance=False)
         turns = self.turns[step] if self.turns else None
-        values, total, g_buffers, d_buffers = self.batch.generator_step(
+        outputs = self.batch.generator_step(
             self.g.params,
             params,
             z,
@@ -46,17 +47,14 @@ class CompiledSteps:
             (self.g.buffers, self.d.buffers),
             (turns.g_own, turns.d_facing_g) if turns else (None, None),
         )
-        _copy_back(self.g.buffers, g_buffers)
-        _copy_back(self.d.buffers, d_buffers)
-        self._update(self.g, total, tables.active_on["g"][step], self.rates["g"][step])
-        return self._kept(values)
+        return self._finish(self.g, "g", step, outputs)
 
     def discriminator_step(self, step: int) -> Tensor:
         tables = self.tables
         z, real, labels = tables.discriminator_inputs(step)
         params = self.g.frozen(tables.d_opponents[step], tables.on_device["d_opponent"][step], by_chance=False)
         turns = self.turns[step] if self.turns else None
-        values, total, g_buffers, d_buffers = self.batch.discriminator_step(
+        outputs = self.batch.discriminator_step(
             self.d.params,
             params,
             z,
@@ -68,9 +66,15 @@ class CompiledSteps:
             (self.g.buffers, self.d.buffers),
             (turns.g_facing_d, turns.d_own, turns.d_penalised) if turns else (None, None, None),
         )
+        return self._finish(self.d, "d", step, outputs)
+
+    def _finish(self, role: Role, name: str, step: int, outputs: tuple[Tensor, Tensor, Buffers, Buffers]) -> Tensor:
+        """After a compiled step of `role` ("g" or "d"): both roles' buffers copied back, its members'
+        Adam update, and the losses it keeps."""
+        values, total, g_buffers, d_buffers = outputs
         _copy_back(self.g.buffers, g_buffers)
         _copy_back(self.d.buffers, d_buffers)
-        self._update(self.d, total, tables.active_on["d"][step], self.rates["d"][step])
+        self._update(role, total, self.tables.active_on[name][step], self.rates[name][step])
         return self._kept(values)
 
     def _loss_weights(self) -> dict[str, Tensor]:
@@ -127,7 +131,7 @@ class CompiledSteps:
         role.adam.step(dict(zip(role.params, grads)), rates, active, self.batch.adam_step)
 
 
-def _copy_back(buffers: dict[str, Tensor], stepped: dict[str, Tensor]) -> None:
+def _copy_back(buffers: Buffers, stepped: Buffers) -> None:
     """A compiled step's buffers into the stack's own (which the members' rows view): one
     multi-tensor copy (a launch or two on a GPU, where one copy a buffer would be ~30 a batch)."""
     if stepped:

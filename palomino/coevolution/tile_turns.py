@@ -23,13 +23,14 @@ from palomino.nn.stacked_buffers import Turns, turn_tables
 
 @dataclass(frozen=True)
 class StepTurns:
-    """One step's tables for each call that advances buffers (None: that role keeps none)."""
+    """One step's tables for each call that advances buffers (None: that role keeps none, or no
+    loss has a penalty)."""
 
-    g_own: Turns | None
-    d_facing_g: Turns | None
-    g_facing_d: Turns | None
-    d_own: Turns | None
-    d_penalised: Turns | None
+    g_own: Turns | None = None
+    d_facing_g: Turns | None = None
+    g_facing_d: Turns | None = None
+    d_own: Turns | None = None
+    d_penalised: Turns | None = None
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,11 @@ def step_turns(
         for part, values in zip(Turns._fields, zip(*per_step)):
             arrays[f"{call.name}.{part}"] = np.stack(values)
     on_device = upload_all(arrays, device) if arrays else {}
-    names = [field for field in StepTurns.__dataclass_fields__]
-    steps = len(g_active)
     return [
         StepTurns(
-            **{
-                name: Turns(*(on_device[f"{name}.{part}"][step] for part in Turns._fields))
-                if f"{name}.members" in on_device
-                else None
-                for name in names
-            }
+            **{call.name: Turns(*(on_device[f"{call.name}.{part}"][step] for part in Turns._fields)) for call in calls}
         )
-        for step in range(steps)
+        for step in range(len(g_active))
     ]
 
 

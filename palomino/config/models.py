@@ -527,8 +527,9 @@ class ExperimentConfig(_Strict):
     compile: Literal["auto", "on", "graphs", "off"] = Field(
         "auto",
         description="a tile's training batch through torch.compile (docs/speed.md): auto = perceptrons on a GPU "
-        "only (on a CPU compiling cost more than it saved; DCGAN/SNGAN stay eager until timed on a GPU), on, graphs (on, its steps replayed as CUDA graphs: a CUDA device only), "
-        "off; compiled and eager agree to float rounding",
+        "only (on a CPU compiling cost more than it saved; DCGAN/SNGAN stay eager until timed on a GPU), on, "
+        "graphs (on, its steps replayed as CUDA graphs: a CUDA device only), off; compiled and eager agree to "
+        "float rounding",
     )
     precision: Literal["float32", "tf32", "bf16"] = Field(
         "float32",
